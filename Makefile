@@ -1,0 +1,31 @@
+# make demo   - create .venv, install, train a small model on the CPU, write a sample grid
+# make test   - create/use .venv, run the test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Local images for the demo (folder or .zip); empty = CIFAR-10 via torchvision (downloads when online).
+DATA ?= $(wildcard ../shared/datasets/cifar10-jpeg/train.zip)
+DEMO_DIR ?= runs/demo
+
+.PHONY: install demo test clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no \
+		train_accelerate.py --preset cpu-tiny16 $(if $(DATA),--train_data_dir $(DATA),--dataset_name cifar10) \
+		--output_dir $(DEMO_DIR) --overwrite_output_dir --max_train_steps 300 --train_batch_size 64 \
+		--save_images_steps 100 --checkpointing_steps 100 --logger none
+	@echo "sample grids: $(DEMO_DIR)/samples/   pipeline: $(DEMO_DIR)/ (DDPMPipeline.from_pretrained)"
+
+test: install
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs/demo

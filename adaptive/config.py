@@ -1,0 +1,311 @@
+"""Training configuration: one dataclass, named presets as plain dicts, JSON round trip.
+
+Every field is a command-line flag of `train_accelerate.py` with the same name. Flags default to None; the
+preset fills what was not given, the dataclass default fills the rest (edm2 style). The resolved config is
+written to `output_dir/config.json` and into every checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import re
+import typing
+from dataclasses import dataclass, fields
+
+# Values that are never written to disk (config.json, trackers, checkpoints, model cards).
+SECRET_FIELDS = ("hub_token",)
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; reported as one line and a non-zero exit."""
+
+
+@dataclass
+class TrainConfig:
+    # --- run ---
+    preset: str = "ddpm-cifar10"  # named preset that fills every flag not given (see PRESETS)
+    output_dir: str = "runs/ddpm"  # run folder: config.json, stats.jsonl, checkpoint-*/, samples/, exported pipeline
+    overwrite_output_dir: bool = False  # replace a different run already in output_dir
+    seed: int = 0  # base seed; data order, noise, timesteps and dropout derive from (seed, rank, step)
+
+    # --- data ---
+    dataset_name: typing.Optional[str] = "cifar10"  # 'cifar10' (torchvision) or a Hub dataset id with an image column
+    dataset_config_name: typing.Optional[str] = None  # Hub dataset configuration name
+    train_data_dir: typing.Optional[str] = None  # folder or .zip of images (class subfolders allowed); wins over dataset_name
+    image_column: typing.Optional[str] = None  # image column of a Hub dataset; None = 'image' or 'img', whichever exists
+    cache_dir: typing.Optional[str] = None  # downloads and decoded-image caches; None = ~/.cache/adaptive-diffusion
+    resolution: int = 32  # training image size in pixels (square)
+    random_flip: bool = True  # random horizontal flip, made on the device per batch
+    max_train_samples: typing.Optional[int] = None  # use only the first N images (debugging, quick runs)
+    data_device: str = "auto"  # where the decoded uint8 images live: auto (the training device) or cpu
+    max_resident_gb: float = 8.0  # datasets larger than this (uint8) stream from disk instead of being held in memory
+    dataloader_num_workers: int = 2  # decoding workers of the streaming loader (resident data needs none)
+
+    # --- model (UNet2DModel) ---
+    block_out_channels: typing.Tuple[int, ...] = (128, 256, 256, 256)  # channels per U-Net level
+    layers_per_block: int = 2  # residual blocks per level
+    down_block_types: typing.Tuple[str, ...] = ("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D")  # encoder blocks
+    up_block_types: typing.Tuple[str, ...] = ("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D")  # decoder blocks
+    attention_head_dim: typing.Optional[int] = None  # channels per attention head; None = one head per layer (DDPM)
+    dropout: float = 0.1  # dropout in the residual blocks
+    norm_num_groups: int = 32  # GroupNorm groups
+
+    # --- diffusion (DDPMScheduler) ---
+    ddpm_num_steps: int = 1000  # diffusion steps T
+    ddpm_beta_schedule: str = "linear"  # linear | scaled_linear | squaredcos_cap_v2 | sigmoid
+    ddpm_beta_start: float = 1e-4  # beta_1
+    ddpm_beta_end: float = 0.02  # beta_T
+    prediction_type: str = "epsilon"  # epsilon | sample | v_prediction
+    ddpm_num_inference_steps: int = 1000  # DDPM ancestral steps for the preview grids
+
+    # --- objective and timestep sampling ---
+    loss_weighting: str = "none"  # objective w(t): none (L_simple) | min_snr | p2
+    snr_gamma: float = 5.0  # Min-SNR gamma (Hang et al. 2023)
+    p2_gamma: float = 1.0  # P2 exponent gamma (Choi et al. 2022)
+    p2_k: float = 1.0  # P2 offset k
+    timestep_sampler: str = "uniform"  # how t is drawn (adaptive/timesteps.py)
+
+    # --- optimisation ---
+    train_batch_size: int = 128  # images per device per micro-step
+    gradient_accumulation_steps: int = 1  # micro-steps per optimizer step
+    learning_rate: float = 2e-4  # peak learning rate
+    lr_scheduler: str = "constant_with_warmup"  # constant | constant_with_warmup | linear | cosine | cosine_with_restarts | polynomial
+    lr_warmup_steps: int = 5000  # optimizer steps of linear warm-up (independent of process count)
+    adam_beta1: float = 0.9  # AdamW beta1
+    adam_beta2: float = 0.999  # AdamW beta2
+    adam_weight_decay: float = 0.0  # AdamW decoupled weight decay (0 = Adam, as in DDPM)
+    adam_epsilon: float = 1e-8  # AdamW epsilon
+    max_grad_norm: float = 1.0  # gradient clipping by global norm; 0 disables
+    max_train_steps: typing.Optional[int] = 800_000  # optimizer steps; None = num_epochs over the data
+    num_epochs: typing.Optional[int] = None  # epochs, used when max_train_steps is None
+    max_train_minutes: typing.Optional[float] = None  # wall-clock budget of training (evaluation excluded); stop and save when spent
+    mixed_precision: typing.Optional[str] = None  # no | fp16 | bf16; None = the accelerate config's choice
+
+    # --- EMA ---
+    use_ema: bool = True  # keep an exponential moving average of the weights (sampled and exported)
+    ema_max_decay: float = 0.9999  # decay cap
+    ema_min_decay: float = 0.0  # decay floor
+    ema_warmup: str = "power"  # power: 1-(1+n/inv_gamma)^-power (Diffusers EMAModel) | ratio: (1+n)/(10+n) | none
+    ema_inv_gamma: float = 1.0  # inverse multiplicative factor of the power warm-up
+    ema_power: float = 0.75  # exponent of the power warm-up
+
+    # --- speed ---
+    allow_tf32: bool = True  # TF32 matmuls/convolutions on Ampere+ GPUs
+    channels_last: bool = False  # NHWC memory format for the U-Net
+
+    # --- logging, previews, checkpoints ---
+    logger: str = "tensorboard"  # tensorboard | wandb | none
+    logging_dir: str = "logs"  # tracker folder, relative to output_dir
+    tracker_project_name: str = "adaptive-diffusion"  # project name given to the trackers
+    logging_steps: int = 50  # optimizer steps between statistics flushes (the only per-step host syncs)
+    save_images_steps: typing.Optional[int] = 10_000  # optimizer steps between EMA sample grids; None = only at the end
+    num_grid_images: int = 64  # images in each sample grid (fixed seeds, comparable over time)
+    checkpointing_steps: typing.Optional[int] = 5_000  # optimizer steps between resumable checkpoints; None = only at the end
+    checkpoints_total_limit: typing.Optional[int] = None  # keep only the newest N complete checkpoints
+    resume_from_checkpoint: typing.Optional[str] = None  # 'latest' or a checkpoint folder
+
+    def to_dict(self, include_secrets: bool = False) -> dict:
+        """Plain JSON-ready dict; secrets are dropped unless asked for."""
+        out = {}
+        for f in fields(self):
+            if f.name in SECRET_FIELDS and not include_secrets:
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+        kwargs = {}
+        for k, v in d.items():
+            kwargs[k] = tuple(v) if isinstance(v, list) else v
+        return cls(**kwargs)
+
+
+# Presets are plain dicts of the fields they set; everything else keeps the dataclass default.
+_TINY_MODEL = dict(
+    block_out_channels=(32, 64, 64),
+    layers_per_block=1,
+    down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=8,  # UNet2DModel's default, as the benchmark protocol's model
+    dropout=0.0,
+)
+_TINY_TRAINING = dict(
+    learning_rate=2e-3,
+    lr_scheduler="constant_with_warmup",
+    lr_warmup_steps=200,
+    adam_weight_decay=0.0,
+    max_grad_norm=1.0,
+    train_batch_size=128,
+    mixed_precision="bf16",
+    ema_max_decay=0.995,
+    ema_warmup="ratio",
+    max_train_steps=2000,
+    ddpm_num_inference_steps=50,
+    save_images_steps=500,
+    num_grid_images=64,
+    checkpointing_steps=500,
+    logging_steps=25,
+)
+
+PRESETS: dict[str, dict] = {
+    # Ho et al. 2020, CIFAR-10: 35.7M U-Net, 800k steps of batch 128 (per device here), FID 3.17.
+    "ddpm-cifar10": dict(
+        resolution=32,
+        block_out_channels=(128, 256, 256, 256),
+        layers_per_block=2,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=None,
+        dropout=0.1,
+        learning_rate=2e-4,
+        lr_warmup_steps=5000,
+        train_batch_size=128,
+        max_train_steps=800_000,
+        ema_max_decay=0.9999,
+        ema_warmup="power",
+    ),
+    # ~1.1M-parameter U-Net at 32 px, for CPU work.
+    "cpu-tiny": dict(resolution=32, **_TINY_MODEL, **_TINY_TRAINING),
+    # Exactly the model and training settings of shared/benchmark/PROTOCOL.md (16 px CIFAR-10).
+    "cpu-tiny16": dict(resolution=16, **_TINY_MODEL, **_TINY_TRAINING),
+}
+
+# Closed sets of values, checked by the parser (one-line error on anything else).
+CHOICES: dict[str, tuple] = {
+    "preset": tuple(PRESETS),
+    "data_device": ("auto", "cpu"),
+    "ddpm_beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid"),
+    "prediction_type": ("epsilon", "sample", "v_prediction"),
+    "loss_weighting": ("none", "min_snr", "p2"),
+    "timestep_sampler": ("uniform",),
+    "lr_scheduler": ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"),
+    "mixed_precision": ("no", "fp16", "bf16"),
+    "ema_warmup": ("power", "ratio", "none"),
+    "logger": ("tensorboard", "wandb", "none"),
+}
+
+
+def field_comments(cls=TrainConfig) -> dict[str, str]:
+    """The `# comment` of every dataclass field: the help text of its flag."""
+    out = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+): [^#]+?#\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line on stderr and exits with status 2."""
+
+    def error(self, message):  # noqa: D401
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _base_type(tp):
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Union:
+        return _base_type([a for a in args if a is not type(None)][0])[0], True
+    return tp, False
+
+
+def _optional(conv):
+    def parse(s: str):
+        return None if s.lower() in ("none", "null") else conv(s)
+
+    parse.__name__ = getattr(conv, "__name__", "value")
+    return parse
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls=TrainConfig) -> None:
+    """One flag per dataclass field, default None so that presets can fill the gaps."""
+    helps = field_comments(cls)
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        tp, optional = _base_type(hints[f.name])
+        kw: dict = dict(default=None, help=helps.get(f.name, ""))
+        if tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(tp) is tuple:
+            elem = typing.get_args(tp)[0]
+            kw["type"] = lambda s, elem=elem: [elem(x) for x in s.split(",") if x]
+            kw["nargs"] = "+"
+            kw["metavar"] = elem.__name__.upper()
+        else:
+            kw["type"] = _optional(tp) if optional else tp
+            if f.name in CHOICES:
+                kw["choices"] = list(CHOICES[f.name]) + ([None] if optional else [])
+                kw["metavar"] = "{" + ",".join(CHOICES[f.name]) + "}"
+        parser.add_argument(f"--{f.name}", **kw)
+
+
+def resolve_config(args: argparse.Namespace, cls=TrainConfig) -> TrainConfig:
+    """Dataclass defaults <- preset <- flags that were given."""
+    preset_name = getattr(args, "preset", None) or cls.preset
+    if preset_name not in PRESETS:
+        raise ConfigError(f"unknown preset {preset_name!r} (choose from {', '.join(PRESETS)})")
+    values = dict(PRESETS[preset_name], preset=preset_name)
+    for f in fields(cls):
+        v = getattr(args, f.name, None)
+        if v is None:
+            continue
+        if typing.get_origin(_base_type(typing.get_type_hints(cls)[f.name])[0]) is tuple:
+            v = tuple(x for part in v for x in (part if isinstance(part, list) else [part]))
+        values[f.name] = v
+    cfg = cls(**{k: v for k, v in values.items() if k in {f.name for f in fields(cls)}})
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raises ConfigError naming the first invalid value."""
+    for name, allowed in CHOICES.items():
+        v = getattr(cfg, name, None)
+        if v is not None and v not in allowed:
+            raise ConfigError(f"--{name} {v!r} is not one of {', '.join(map(str, allowed))}")
+    positive = ["resolution", "train_batch_size", "gradient_accumulation_steps", "ddpm_num_steps",
+                "ddpm_num_inference_steps", "layers_per_block", "logging_steps", "num_grid_images"]
+    for name in positive:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name} must be >= 1 (got {getattr(cfg, name)})")
+    for name in ["max_train_steps", "num_epochs", "save_images_steps", "checkpointing_steps",
+                 "checkpoints_total_limit", "max_train_samples"]:
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name} must be >= 1 or none (got {v})")
+    if cfg.max_train_steps is None and cfg.num_epochs is None:
+        raise ConfigError("give --max_train_steps or --num_epochs")
+    if cfg.max_train_minutes is not None and cfg.max_train_minutes <= 0:
+        raise ConfigError(f"--max_train_minutes must be > 0 (got {cfg.max_train_minutes})")
+    if cfg.learning_rate <= 0:
+        raise ConfigError(f"--learning_rate must be > 0 (got {cfg.learning_rate})")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError(f"--dropout must be in [0, 1) (got {cfg.dropout})")
+    if not 0.0 <= cfg.ema_min_decay <= cfg.ema_max_decay < 1.0:
+        raise ConfigError("EMA decays must satisfy 0 <= --ema_min_decay <= --ema_max_decay < 1")
+    if len(cfg.down_block_types) != len(cfg.block_out_channels) or len(cfg.up_block_types) != len(cfg.block_out_channels):
+        raise ConfigError("--down_block_types, --up_block_types and --block_out_channels must have the same length")
+    if cfg.resolution % (2 ** (len(cfg.block_out_channels) - 1)) != 0:
+        raise ConfigError(f"--resolution {cfg.resolution} must be divisible by 2^(levels-1) = {2 ** (len(cfg.block_out_channels) - 1)}")
+    if any(c % cfg.norm_num_groups for c in cfg.block_out_channels):
+        raise ConfigError(f"every --block_out_channels value must be divisible by --norm_num_groups {cfg.norm_num_groups}")
+    if not 0.0 < cfg.ddpm_beta_start < cfg.ddpm_beta_end < 1.0:
+        raise ConfigError("betas must satisfy 0 < --ddpm_beta_start < --ddpm_beta_end < 1")
+    if cfg.ddpm_num_inference_steps > cfg.ddpm_num_steps:
+        raise ConfigError("--ddpm_num_inference_steps cannot exceed --ddpm_num_steps")
+
+
+def replace(cfg: TrainConfig, **changes) -> TrainConfig:
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,66 @@
+"""When to stop: preemption signals (SIGTERM, SIGUSR1, first Ctrl-C) and the wall-clock budget, agreed by all ranks.
+
+Ranks see signals and clocks at slightly different moments, so the decision is all-reduced (MAX) on a CPU (gloo)
+process group, asynchronously: the flag sent at step s is read at step s+1. Every rank therefore stops after the
+same step, without a collective or host sync on the training device.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+class StopControl:
+    def __init__(self, world_size: int, budget_seconds: Optional[float] = None, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)):
+        self.world_size = world_size
+        self.budget_seconds = budget_seconds
+        self.reason: Optional[str] = None  # why this rank wants to stop
+        self._previous = {}
+        for s in signals:
+            try:
+                self._previous[s] = signal.signal(s, self._on_signal)
+            except ValueError:  # not in the main thread (e.g. under a test runner thread)
+                pass
+        self._group = dist.new_group(backend="gloo") if world_size > 1 and dist.is_initialized() else None
+        self._flag = torch.zeros(1)
+        self._work = None
+
+    def _on_signal(self, signum, frame):
+        if signum == signal.SIGINT and self.reason and self.reason.startswith("received SIGINT"):
+            raise KeyboardInterrupt  # second Ctrl-C: stop now
+        self.reason = self.reason or f"received {signal.Signals(signum).name}"
+
+    def local_reason(self, train_seconds: float) -> Optional[str]:
+        if self.reason is None and self.budget_seconds is not None and train_seconds >= self.budget_seconds:
+            self.reason = f"--max_train_minutes budget of {self.budget_seconds / 60:g} min spent"
+        return self.reason
+
+    def should_stop(self, train_seconds: float) -> bool:
+        """Call once per optimizer step on every rank; True on all ranks at the same step."""
+        local = self.local_reason(train_seconds) is not None
+        if self._group is None:
+            return local
+        decided = False
+        if self._work is not None:
+            self._work.wait()
+            decided = bool(self._flag.item() > 0)  # CPU tensor: no device sync
+        self._flag = torch.tensor([1.0 if local else 0.0])
+        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        if decided and self.reason is None:
+            self.reason = "another rank was asked to stop"
+        return decided
+
+    def close(self) -> None:
+        """Finish the outstanding all-reduce and restore the previous signal handlers."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        for s, h in self._previous.items():
+            try:
+                signal.signal(s, h)
+            except (ValueError, TypeError):
+                pass

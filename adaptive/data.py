@@ -1,0 +1,442 @@
+"""Image sources -> one uint8 tensor on the training device -> batches made on the device.
+
+Sources: `--train_data_dir` (a folder of images, class subfolders allowed, or a .zip of one), `--dataset_name cifar10`
+(torchvision), or any Hub dataset with an image column (`datasets`). Images are decoded once; every batch is a
+gather + optional resize + flip on the device, so the hot loop does no per-sample Python or PIL work. Datasets
+larger than `--max_resident_gb` stream from disk through a DataLoader that follows the same index schedule.
+
+The index schedule makes data order a pure function of (seed, step, micro-step, rank): global sample position
+p = ((step * accum + micro) * world + rank) * B + i walks through per-epoch permutations. The global batch of an
+optimizer step is therefore the same for any split over processes and accumulation steps, and resuming needs no
+skipping through a loader.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import ConfigError, TrainConfig
+from .seeding import seed_for
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+def default_cache_dir(cache_dir: Optional[str] = None) -> Path:
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    return Path(base) / "adaptive-diffusion"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Undecoded image collections with random access.
+
+
+class ImageEntries:
+    """Random access to undecoded images: `len`, `name(i)`, `open(i) -> PIL.Image` (RGB)."""
+
+    description: str = ""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def name(self, i: int) -> str:
+        return f"#{i}"
+
+    def open(self, i: int):
+        raise NotImplementedError
+
+
+def _decode_bytes(data: bytes, name: str, where: str):
+    from PIL import Image
+
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        return img.convert("RGB")
+    except Exception as e:  # PIL raises many types for corrupt data
+        raise ConfigError(f"cannot read image {name!r} in {where}: {type(e).__name__}: {e}") from None
+
+
+class FolderEntries(ImageEntries):
+    def __init__(self, root: Path):
+        self.root = root
+        self.files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        self.description = f"folder {root}"
+
+    def __len__(self):
+        return len(self.files)
+
+    def name(self, i):
+        return str(self.files[i].relative_to(self.root))
+
+    def open(self, i):
+        try:
+            data = self.files[i].read_bytes()
+        except OSError as e:
+            raise ConfigError(f"cannot read {self.files[i]}: {e.strerror}") from None
+        return _decode_bytes(data, self.name(i), self.description)
+
+
+class ZipEntries(ImageEntries):
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            with zipfile.ZipFile(path) as z:
+                self.names = sorted(
+                    n for n in z.namelist() if not n.endswith("/") and n.lower().endswith(IMAGE_EXTENSIONS)
+                    and not os.path.basename(n).startswith("._")
+                )
+        except (zipfile.BadZipFile, OSError) as e:
+            raise ConfigError(f"--train_data_dir {path} is not a readable zip file ({e})") from None
+        self.description = f"zip {path}"
+        self._zip = None  # opened lazily, once per process / worker
+
+    def __getstate__(self):
+        return {**self.__dict__, "_zip": None}
+
+    def __len__(self):
+        return len(self.names)
+
+    def name(self, i):
+        return self.names[i]
+
+    def open(self, i):
+        if self._zip is None:
+            self._zip = zipfile.ZipFile(self.path)
+        try:
+            data = self._zip.read(self.names[i])
+        except (zipfile.BadZipFile, OSError, KeyError) as e:
+            raise ConfigError(f"cannot read {self.names[i]!r} in {self.description}: {e}") from None
+        return _decode_bytes(data, self.names[i], self.description)
+
+
+class HubEntries(ImageEntries):
+    def __init__(self, dataset, column: str, description: str):
+        self.dataset, self.column, self.description = dataset, column, description
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def open(self, i):
+        img = self.dataset[i][self.column]
+        if isinstance(img, dict) and "bytes" in img:
+            return _decode_bytes(img["bytes"], f"row {i}", self.description)
+        return img.convert("RGB")
+
+
+class ArrayEntries(ImageEntries):
+    """Already decoded uint8 images [N, H, W, 3] (torchvision CIFAR-10)."""
+
+    def __init__(self, array: np.ndarray, description: str):
+        self.array, self.description = array, description
+
+    def __len__(self):
+        return len(self.array)
+
+    def open(self, i):
+        from PIL import Image
+
+        return Image.fromarray(self.array[i])
+
+
+def open_entries(cfg: TrainConfig) -> ImageEntries:
+    """The configured source as ImageEntries; raises ConfigError with a one-line reason."""
+    if cfg.train_data_dir:
+        path = Path(cfg.train_data_dir).expanduser()
+        if not path.exists():
+            raise ConfigError(f"--train_data_dir {path} does not exist")
+        if path.is_dir():
+            entries: ImageEntries = FolderEntries(path)
+        elif zipfile.is_zipfile(path):
+            entries = ZipEntries(path)
+        else:
+            raise ConfigError(f"--train_data_dir {path} is neither a folder nor a .zip of images")
+        if len(entries) == 0:
+            raise ConfigError(
+                f"no images in {entries.description} (expected {'/'.join(e[1:] for e in IMAGE_EXTENSIONS[:4])} "
+                "files, optionally in class subfolders)"
+            )
+        return entries
+    if not cfg.dataset_name:
+        raise ConfigError("no data: give --train_data_dir (folder or .zip of images) or --dataset_name")
+    if cfg.dataset_name.lower() in ("cifar10", "cifar-10"):
+        return _cifar10_entries(cfg)
+    return _hub_entries(cfg)
+
+
+def _cifar10_entries(cfg: TrainConfig) -> ImageEntries:
+    import torchvision
+
+    root = default_cache_dir(cfg.cache_dir) / "cifar10"
+    try:
+        ds = torchvision.datasets.CIFAR10(root=str(root), train=True, download=False)
+    except RuntimeError:
+        old = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(20)
+        try:
+            ds = torchvision.datasets.CIFAR10(root=str(root), train=True, download=True)
+        except Exception as e:
+            raise ConfigError(
+                f"CIFAR-10 is not in {root} and could not be downloaded ({type(e).__name__}); offline, pass "
+                "--train_data_dir with a folder or .zip of the images (e.g. shared/datasets/cifar10-jpeg/train.zip) "
+                f"or put torchvision's cifar-10-batches-py folder in {root}"
+            ) from None
+        finally:
+            socket.setdefaulttimeout(old)
+    return ArrayEntries(np.asarray(ds.data), f"CIFAR-10 train (torchvision, {root})")
+
+
+def _hub_entries(cfg: TrainConfig) -> ImageEntries:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - declared dependency
+        raise ConfigError("--dataset_name needs the 'datasets' package") from None
+    try:
+        ds = datasets.load_dataset(cfg.dataset_name, cfg.dataset_config_name, cache_dir=cfg.cache_dir, split="train")
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"cannot load Hub dataset {cfg.dataset_name!r}: {msg}") from None
+    column = cfg.image_column
+    if column is None:
+        column = next((c for c in ("image", "img") if c in ds.column_names), None)
+        if column is None:
+            raise ConfigError(
+                f"dataset {cfg.dataset_name!r} has no 'image' or 'img' column (columns: {', '.join(ds.column_names)}); "
+                "pass --image_column"
+            )
+    elif column not in ds.column_names:
+        raise ConfigError(f"--image_column {column!r} is not a column of {cfg.dataset_name!r} ({', '.join(ds.column_names)})")
+    return HubEntries(ds, column, f"Hub dataset {cfg.dataset_name}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Decoding to a uint8 tensor.
+
+
+def resize_uint8(x: torch.Tensor, size: int) -> torch.Tensor:
+    """[N, 3, H, W] uint8 -> [N, 3, size, size] uint8: shorter side to `size` (bilinear, antialias), centre crop."""
+    n, c, h, w = x.shape
+    if h == w == size:
+        return x
+    scale = size / min(h, w)
+    nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+    y = F.interpolate(x.float(), size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)
+    top, left = (nh - size) // 2, (nw - size) // 2
+    return y[:, :, top : top + size, left : left + size].round().clamp(0, 255).to(torch.uint8)
+
+
+def _to_chw(img) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def storage_size(first_image_hw: tuple[int, int], resolution: int) -> int:
+    """Side at which images are stored: a square source up to 2x the resolution keeps its own size (and is resized on
+    the device per batch: bilinear + antialias on [0, 255] floats, exactly the benchmark protocol's pipeline);
+    anything else is resized and centre-cropped to the resolution once, at decode time."""
+    h, w = first_image_hw
+    return h if h == w and resolution <= h <= 2 * resolution else resolution
+
+
+def decode_image(entries: ImageEntries, i: int, size: Optional[int], resolution: int) -> torch.Tensor:
+    """Image i as uint8 [3, size, size]; `size` None = decide from this image (see storage_size)."""
+    x = _to_chw(entries.open(i))
+    size = size or storage_size(tuple(x.shape[1:]), resolution)
+    return resize_uint8(x[None], size)[0]
+
+
+def decode_all(entries: ImageEntries, resolution: int, limit: Optional[int] = None, threads: int = 0) -> torch.Tensor:
+    """Decode every image once into uint8 [N, 3, s, s] on the CPU (s from `storage_size` of the first image)."""
+    n = len(entries) if limit is None else min(limit, len(entries))
+    if n == 0:
+        raise ConfigError(f"no images in {entries.description}")
+    first = decode_image(entries, 0, None, resolution)
+    size = first.shape[-1]
+    threads = threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(threads) as pool:
+        rest = list(pool.map(lambda i: decode_image(entries, i, size, resolution), range(1, n), chunksize=256))
+    return torch.stack([first, *rest])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The index schedule and on-device batches.
+
+
+@dataclass
+class Layout:
+    """How one optimizer step's global batch is split: B per device, `world` processes, `accum` micro-steps."""
+
+    batch_size: int
+    world_size: int = 1
+    accum: int = 1
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size * self.accum
+
+    def offset(self, step: int, micro: int, rank: int) -> int:
+        """First global sample position of (step, micro, rank)."""
+        return ((step * self.accum + micro) * self.world_size + rank) * self.batch_size
+
+    def slice(self, micro: int, rank: int) -> slice:
+        """This (micro, rank)'s part of a per-optimizer-step global tensor ordered (micro, rank, i)."""
+        start = (micro * self.world_size + rank) * self.batch_size
+        return slice(start, start + self.batch_size)
+
+
+class IndexSchedule:
+    """Sample position -> (dataset index, flip bit) through per-epoch permutations seeded by (seed, epoch)."""
+
+    def __init__(self, num_images: int, seed: int, device: torch.device | str = "cpu"):
+        self.n, self.seed, self.device = num_images, seed, torch.device(device)
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def epoch_tables(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if epoch not in self._cache:
+            g = torch.Generator().manual_seed(seed_for(self.seed, "data", epoch))
+            perm = torch.randperm(self.n, generator=g)
+            flips = torch.randint(0, 2, (self.n,), generator=g, dtype=torch.uint8).bool()
+            self._cache = {k: v for k, v in self._cache.items() if k >= epoch - 1}  # keep at most two epochs
+            self._cache[epoch] = (perm.to(self.device), flips.to(self.device))
+        return self._cache[epoch]
+
+    def lookup(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices [count], flips [count]) for global positions start .. start+count-1."""
+        idx, flip = [], []
+        pos, left = start, count
+        while left > 0:
+            epoch, off = divmod(pos, self.n)
+            take = min(left, self.n - off)
+            perm, flips = self.epoch_tables(epoch)
+            idx.append(perm[off : off + take])
+            flip.append(flips[off : off + take])
+            pos, left = pos + take, left - take
+        return (idx[0], flip[0]) if len(idx) == 1 else (torch.cat(idx), torch.cat(flip))
+
+
+def to_model_input(x_uint8: torch.Tensor, flip: Optional[torch.Tensor], resolution: int) -> torch.Tensor:
+    """uint8 [B, 3, H, W] -> float [B, 3, S, S] in [-1, 1]: resize on [0, 255] floats, flip, scale."""
+    x = x_uint8.float()
+    if x.shape[-1] != resolution or x.shape[-2] != resolution:
+        x = F.interpolate(x, size=(resolution, resolution), mode="bilinear", antialias=True, align_corners=False)
+    if flip is not None:
+        x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    return x / 127.5 - 1.0
+
+
+class TrainData:
+    """Batches for one rank: `batches(start_step)` yields, per optimizer step, the list of its micro-batches."""
+
+    def __init__(self, cfg: TrainConfig, layout: Layout, rank: int, device: torch.device,
+                 images: Optional[torch.Tensor] = None, entries: Optional[ImageEntries] = None):
+        self.cfg, self.layout, self.rank, self.device = cfg, layout, rank, device
+        self.images = images  # uint8 [N, 3, H, W], resident; None when streaming
+        self.entries = entries  # used when streaming
+        n = len(images) if images is not None else len(entries)
+        if cfg.max_train_samples is not None:
+            n = min(n, cfg.max_train_samples)
+        self.num_images = n
+        table_device = images.device if images is not None else torch.device("cpu")
+        self.schedule = IndexSchedule(n, cfg.seed, table_device)
+
+    @property
+    def streaming(self) -> bool:
+        return self.images is None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.num_images // self.layout.global_batch)
+
+    def indices(self, step: int, micro: int, rank: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        rank = self.rank if rank is None else rank
+        idx, flip = self.schedule.lookup(self.layout.offset(step, micro, rank), self.layout.batch_size)
+        return idx, (flip if self.cfg.random_flip else torch.zeros_like(flip))
+
+    def batch(self, step: int, micro: int) -> torch.Tensor:
+        """float [B, 3, S, S] in [-1, 1] on the device (resident data only)."""
+        idx, flip = self.indices(step, micro)
+        x = self.images[idx].to(self.device, non_blocking=True)
+        return to_model_input(x, flip.to(self.device, non_blocking=True), self.cfg.resolution)
+
+    def batches(self, start_step: int) -> Iterator[list[torch.Tensor]]:
+        if self.streaming:
+            yield from self._stream(start_step)
+            return
+        step = start_step
+        while True:
+            yield [self.batch(step, a) for a in range(self.layout.accum)]
+            step += 1
+
+    def _stream(self, start_step: int) -> Iterator[list[torch.Tensor]]:
+        loader = torch.utils.data.DataLoader(
+            _StreamingDataset(self.entries, self.cfg.resolution),
+            batch_sampler=_ScheduleSampler(self, start_step),
+            num_workers=self.cfg.dataloader_num_workers,
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=False,
+            prefetch_factor=4 if self.cfg.dataloader_num_workers > 0 else None,
+        )
+        step, micro, group = start_step, 0, []
+        for x in loader:
+            _, flip = self.indices(step, micro)
+            group.append(to_model_input(x.to(self.device, non_blocking=True), flip.to(self.device), self.cfg.resolution))
+            micro += 1
+            if micro == self.layout.accum:
+                yield group
+                step, micro, group = step + 1, 0, []
+
+
+class _StreamingDataset(torch.utils.data.Dataset):
+    """Decodes on demand at the storage size decided from the first image, as decode_all does."""
+
+    def __init__(self, entries: ImageEntries, resolution: int):
+        self.entries, self.resolution = entries, resolution
+        self.size = decode_image(entries, 0, None, resolution).shape[-1]
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __getitem__(self, i):
+        return decode_image(self.entries, int(i), self.size, self.resolution)
+
+
+class _ScheduleSampler:
+    """Batch sampler yielding this rank's index lists in (step, micro) order from `start_step` on."""
+
+    def __init__(self, data: TrainData, start_step: int):
+        self.data, self.start_step = data, start_step
+
+    def __iter__(self):
+        step = self.start_step
+        while True:
+            for a in range(self.data.layout.accum):
+                yield self.data.indices(step, a)[0].tolist()
+            step += 1
+
+
+def load_train_data(cfg: TrainConfig, layout: Layout, rank: int, device: torch.device,
+                    entries: Optional[ImageEntries] = None, log: Callable[[str], None] = print) -> TrainData:
+    """Decide resident vs streaming, decode once, move to the data device."""
+    entries = entries if entries is not None else open_entries(cfg)
+    n = len(entries) if cfg.max_train_samples is None else min(cfg.max_train_samples, len(entries))
+    resident_bytes = n * 3 * cfg.resolution**2
+    if resident_bytes > cfg.max_resident_gb * 2**30:
+        log(f"data: {n} images from {entries.description} ({resident_bytes / 2**30:.1f} GiB > --max_resident_gb "
+            f"{cfg.max_resident_gb}): streaming with {cfg.dataloader_num_workers} workers")
+        return TrainData(cfg, layout, rank, device, entries=entries)
+    images = decode_all(entries, cfg.resolution, limit=n)
+    data_device = device if cfg.data_device == "auto" else torch.device("cpu")
+    images = images.to(data_device)
+    log(f"data: {n} images from {entries.description}, uint8 {tuple(images.shape[1:])} resident on {data_device}")
+    return TrainData(cfg, layout, rank, device, images=images)

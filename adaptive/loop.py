@@ -1,0 +1,418 @@
+"""The one training loop. Everything it needs is built by small helpers in this package."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .checkpoint import (STATE_FILE, changed_keys, incompatible_keys, list_checkpoints, load_object_state,
+                         read_config, resolve_resume, save_checkpoint, save_object_state)
+from .config import ConfigError, TrainConfig
+from .control import StopControl
+from .data import Layout, load_train_data, open_entries
+from .ema import EMA
+from .losses import DiffusionTables, per_sample_mse, q_sample, training_target
+from .model import build_noise_scheduler, build_unet, count_parameters
+from .sampling import generate_distributed, save_grid
+from .seeding import generator, seed_for
+from .stats import JsonlWriter, Stats
+from .timesteps import build_sampler
+
+RUN_MARKERS = ("config.json", "stats.jsonl", "model_index.json")
+
+
+@dataclass
+class Progress:
+    """Where training is: the data position and clocks are pure functions of these."""
+
+    step: int = 0  # optimizer steps done
+    images_seen: int = 0  # global training images consumed
+    train_seconds: float = 0.0  # wall-clock spent training (evaluation and previews excluded)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "images_seen": self.images_seen, "train_seconds": self.train_seconds}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.step, self.images_seen, self.train_seconds = int(s["step"]), int(s["images_seen"]), float(s["train_seconds"])
+
+
+@dataclass
+class TrainState:
+    """Our part of a checkpoint, saved and restored by hooks registered with the Accelerator."""
+
+    progress: Progress
+    sampler: object
+    ema: Optional[EMA] = None
+
+    def state_dict(self) -> dict:
+        return {
+            "progress": self.progress.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "ema_num_updates": self.ema.num_updates if self.ema else None,
+        }
+
+    def load_state_dict(self, s: dict) -> None:
+        self.progress.load_state_dict(s["progress"])
+        self.sampler.load_state_dict(s["sampler"])
+        if self.ema is not None:
+            self.ema.num_updates = int(s["ema_num_updates"])
+
+    def register(self, accelerator) -> None:
+        """save_state/load_state then carry this state: training_state.pt (weights_only) and ema.safetensors."""
+        from safetensors.torch import load_file, save_file
+
+        def save_hook(models, weights, output_dir):
+            if accelerator.is_main_process:
+                save_object_state(Path(output_dir) / STATE_FILE, self.state_dict())
+                if self.ema is not None:
+                    sd = {k: v.detach().contiguous() for k, v in self.ema.model.state_dict().items()}
+                    save_file(sd, str(Path(output_dir) / "ema.safetensors"))
+
+        def load_hook(models, input_dir):
+            self.load_state_dict(load_object_state(Path(input_dir) / STATE_FILE))
+            if self.ema is not None:
+                self.ema.model.load_state_dict(load_file(str(Path(input_dir) / "ema.safetensors")))
+
+        accelerator.register_save_state_pre_hook(save_hook)
+        accelerator.register_load_state_pre_hook(load_hook)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Helpers, one job each.
+
+
+def make_accelerator(cfg: TrainConfig):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
+
+    if cfg.logger == "wandb":
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError("--logger wandb needs the wandb package (pip install wandb)") from None
+    accelerator = Accelerator(
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        mixed_precision=cfg.mixed_precision,
+        log_with=None if cfg.logger == "none" else cfg.logger,
+        project_config=ProjectConfiguration(project_dir=cfg.output_dir,
+                                            logging_dir=os.path.join(cfg.output_dir, cfg.logging_dir)),
+        step_scheduler_with_optimizer=False,  # we step the LR schedule once per optimizer step, whatever the world size
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=1))],
+    )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:
+        raise ConfigError(
+            f"{launched} processes were launched but they did not join one process group; on a CPU host run "
+            "ACCELERATE_USE_CPU=1 accelerate launch --config_file accelerate_configs/cpu_2proc.yaml ..."
+        )
+    if accelerator.device.type == "cpu" and accelerator.mixed_precision == "fp16":
+        raise ConfigError("--mixed_precision fp16 needs a GPU; use bf16 on the CPU")
+    return accelerator
+
+
+def run_holds_training(output_dir: Path) -> bool:
+    return output_dir.is_dir() and (any((output_dir / m).exists() for m in RUN_MARKERS) or bool(list_checkpoints(output_dir)))
+
+
+def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
+    """Decide what to do with output_dir before anything is written; returns the checkpoint to resume from."""
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output_dir {out} exists and is not a folder")
+    if not run_holds_training(out):
+        if cfg.resume_from_checkpoint not in (None, "latest"):
+            return resolve_resume(out, cfg.resume_from_checkpoint, log)
+        return None
+    if cfg.overwrite_output_dir:
+        return None
+    if not cfg.resume_from_checkpoint:
+        raise ConfigError(
+            f"--output_dir {out} already holds a run; pass --resume_from_checkpoint latest to continue it or "
+            "--overwrite_output_dir to replace it"
+        )
+    ckpt = resolve_resume(out, cfg.resume_from_checkpoint, log)
+    saved_cfg_file = ckpt / "config.json" if ckpt else out / "config.json"
+    if saved_cfg_file.exists():
+        saved = json.loads(saved_cfg_file.read_text())
+        bad = incompatible_keys(saved, cfg.to_dict())
+        if bad:
+            raise ConfigError(
+                f"{saved_cfg_file.parent} was trained with a different model/objective ({', '.join(bad)} differ); "
+                "use another --output_dir or --overwrite_output_dir"
+            )
+        changed = [k for k in changed_keys(saved, cfg.to_dict()) if k != "mixed_precision" or saved.get(k) != cfg.mixed_precision]
+        if ckpt and changed:
+            log(f"warning: resuming {ckpt.name} with changed settings: {', '.join(changed)}")
+    return ckpt
+
+
+def clear_run(out: Path) -> None:
+    """Remove a previous run's artifacts from `out` (only with --overwrite_output_dir)."""
+    for p in list_checkpoints(out) + [q for q in out.glob(".checkpoint-*.tmp")]:
+        shutil.rmtree(p, ignore_errors=True)
+    for name in ("config.json", "run_info.json", "stats.jsonl", "model_index.json", "README.md"):
+        (out / name).unlink(missing_ok=True)
+    for name in ("unet", "scheduler", "samples", "logs"):
+        shutil.rmtree(out / name, ignore_errors=True)
+
+
+def run_info(accelerator, cfg: TrainConfig, layout: Layout, num_params: int, data) -> dict:
+    import accelerate
+    import diffusers
+
+    return {
+        "command": " ".join(sys.argv),
+        "world_size": accelerator.num_processes,
+        "device": str(accelerator.device),
+        "device_name": torch.cuda.get_device_name() if accelerator.device.type == "cuda" else platform.processor() or platform.machine(),
+        "mixed_precision": accelerator.mixed_precision,
+        "global_batch": layout.global_batch,
+        "num_parameters": num_params,
+        "num_images": data.num_images,
+        "streaming": data.streaming,
+        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__, "accelerate": accelerate.__version__,
+                     "python": platform.python_version()},
+        "git_commit": _git_commit(),
+    }
+
+
+def _git_commit() -> Optional[str]:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except Exception:
+        return None
+
+
+def tracker_config(cfg: TrainConfig) -> dict:
+    """Flat scalar config for trackers (TensorBoard hparams accept int/float/str/bool only); no secrets."""
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in cfg.to_dict().items()}
+
+
+def build_optimizer(cfg: TrainConfig, params, extra_params) -> torch.optim.Optimizer:
+    """AdamW (= Adam with weight decay 0, as DDPM); foreach kernels; sampler parameters join without weight decay."""
+    groups = [{"params": list(params), "weight_decay": cfg.adam_weight_decay}]
+    if extra_params:
+        groups.append({"params": list(extra_params), "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                             eps=cfg.adam_epsilon, foreach=True)
+
+
+def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    return cfg.max_train_steps if cfg.max_train_steps is not None else cfg.num_epochs * steps_per_epoch
+
+
+def preview_grid(accelerator, cfg: TrainConfig, unet, noise_scheduler, step: int) -> Optional[Path]:
+    """EMA sample grid from fixed seeds 0..N-1 (comparable over time); all ranks share the sampling."""
+    images = generate_distributed(accelerator, unet, noise_scheduler.config, list(range(cfg.num_grid_images)),
+                                  cfg.ddpm_num_inference_steps, batch_size=max(1, min(256, cfg.num_grid_images)))
+    if accelerator.is_main_process:
+        return save_grid(images, Path(cfg.output_dir) / "samples" / f"grid_{step:07d}.png")
+    return None
+
+
+def export_pipeline(accelerator, cfg: TrainConfig, unet, noise_scheduler, progress: Progress, info: dict) -> None:
+    """DDPMPipeline(unet=EMA U-Net, scheduler).save_pretrained(output_dir) in safetensors, with a model card."""
+    if not accelerator.is_main_process:
+        return
+    from diffusers import DDPMPipeline
+
+    from .model_card import write_model_card
+
+    pipeline = DDPMPipeline(unet=unet, scheduler=noise_scheduler)
+    pipeline.save_pretrained(cfg.output_dir, safe_serialization=True)
+    write_model_card(Path(cfg.output_dir), cfg, progress, info)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loop.
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train as configured; returns a summary (final step, train seconds, why it stopped)."""
+    # Check the output folder and the data source before anything starts (bad input: one line, nothing touched).
+    from tqdm.auto import tqdm
+
+    launcher_rank = int(os.environ.get("RANK", "0"))
+
+    def log(msg: str) -> None:
+        if launcher_rank == 0:
+            tqdm.write(msg, file=sys.stdout)
+            sys.stdout.flush()
+
+    resume_from = check_output_dir(cfg, log)
+    entries = open_entries(cfg)
+
+    # Set up the accelerator and load the data onto the device.
+    accelerator = make_accelerator(cfg)
+    cfg.mixed_precision = accelerator.mixed_precision
+    is_main, rank, world = accelerator.is_main_process, accelerator.process_index, accelerator.num_processes
+    device = accelerator.device
+    accelerator.wait_for_everyone()  # every rank has checked before anything is written
+    layout = Layout(cfg.train_batch_size, world, cfg.gradient_accumulation_steps)
+    with accelerator.main_process_first():
+        data = load_train_data(cfg, layout, rank, device, entries, log)
+    out = Path(cfg.output_dir)
+    if is_main:
+        if cfg.overwrite_output_dir and run_holds_training(out) and resume_from is None:
+            clear_run(out)
+        out.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+
+    # Build the model, noise schedule, EMA, optimizer, LR schedule and timestep sampler.
+    if device.type == "cuda" and cfg.allow_tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(seed_for(cfg.seed, "init"))  # identical initial weights on every rank
+    unet = build_unet(cfg)
+    if cfg.channels_last:
+        unet = unet.to(memory_format=torch.channels_last)
+    noise_scheduler = build_noise_scheduler(cfg)
+    tables = DiffusionTables.build(noise_scheduler.alphas_cumprod, cfg, device)
+    sampler = build_sampler(cfg, device, tables)
+    ema = None
+    if cfg.use_ema:
+        ema = EMA(unet, cfg.ema_max_decay, cfg.ema_min_decay, cfg.ema_warmup, cfg.ema_inv_gamma, cfg.ema_power)
+        ema.model.to(device)
+    optimizer = build_optimizer(cfg, unet.parameters(), sampler.parameters())
+    max_steps = total_steps(cfg, data.steps_per_epoch)
+    from diffusers.optimization import get_scheduler
+
+    lr_scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.lr_warmup_steps,
+                                 num_training_steps=max_steps)
+    model, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+    progress = Progress()
+    state = TrainState(progress, sampler, ema)
+    state.register(accelerator)
+
+    # Resume, or start a new run.
+    stats_file = JsonlWriter(out / "stats.jsonl", is_main)
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        stats_file.truncate_after(progress.step)
+        log(f"resumed from {resume_from} at step {progress.step}")
+    elif is_main:
+        (out / "stats.jsonl").unlink(missing_ok=True)
+    num_params = count_parameters(unet)
+    info = run_info(accelerator, cfg, layout, num_params, data)
+    if is_main:
+        (out / "config.json").write_text(cfg.to_json())
+        (out / "run_info.json").write_text(json.dumps({**info, "sampler": sampler.describe()}, indent=2))
+    accelerator.init_trackers(cfg.tracker_project_name, config=tracker_config(cfg))
+    log(f"world_size={world} device={device} mixed_precision={accelerator.mixed_precision} params={num_params:,} "
+        f"global_batch={layout.global_batch} (= {cfg.train_batch_size} per device x {world} processes x "
+        f"{cfg.gradient_accumulation_steps} accumulation) steps={max_steps} sampler={sampler.name} "
+        f"weighting={cfg.loss_weighting}")
+
+    # Training loop.
+    stats = Stats()
+    control = StopControl(world, cfg.max_train_minutes * 60 if cfg.max_train_minutes else None)
+    batches = data.batches(progress.step)
+    bar = tqdm(total=max_steps, initial=progress.step, disable=not is_main, desc="train", unit="step",
+               dynamic_ncols=True, file=sys.stdout)
+    window_t0, window_images = time.perf_counter(), 0
+    stop_reason = None
+    last_checkpoint = resume_from and progress.step
+    while progress.step < max_steps:
+        t_step = time.perf_counter()
+        step = progress.step
+
+        # Draw this optimizer step's global timesteps, weights and noise (identical on every rank; each takes its slice).
+        g = generator(device, cfg.seed, "step", step)
+        t_all, w_all = sampler.sample(layout.global_batch, device, g)  # [G]
+        noise_all = torch.randn((layout.global_batch, 3, cfg.resolution, cfg.resolution), generator=g, device=device)
+        torch.manual_seed(seed_for(cfg.seed, "dropout", rank, step))  # dropout masks: (seed, rank, step)
+
+        # Evaluate the loss and accumulate gradients over the micro-batches.
+        local_losses = []
+        for micro, x0 in enumerate(next(batches)):
+            sl = layout.slice(micro, rank)
+            t, w, noise = t_all[sl], w_all[sl], noise_all[sl]
+            sa, s1 = tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]
+            with accelerator.accumulate(model):
+                x_t = q_sample(x0, noise, sa, s1)
+                if cfg.channels_last:
+                    x_t = x_t.contiguous(memory_format=torch.channels_last)
+                pred = model(x_t, t).sample
+                loss_b = tables.weight[t] * per_sample_mse(pred, training_target(cfg.prediction_type, x0, noise, sa, s1))
+                accelerator.backward(sampler.loss(t, w, loss_b).mean())
+            local_losses.append(loss_b.detach())
+
+        # Optimizer step, LR schedule, EMA, timestep-sampler update.
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(accelerator.unwrap_model(model))
+        losses = torch.cat(local_losses)
+        if sampler.needs_losses:
+            gathered = accelerator.gather(losses)  # rank-major [world * accum * B]; t_all is (micro, rank, i)
+            gathered = gathered.view(world, layout.accum, cfg.train_batch_size).transpose(0, 1).reshape(-1)
+            sampler.update(t_all, gathered)
+        progress.step += 1
+        progress.images_seen += layout.global_batch
+        window_images += layout.global_batch
+        stats.report("loss", losses)
+        if grad_norm is not None:
+            stats.report("grad_norm", grad_norm)
+        progress.train_seconds += time.perf_counter() - t_step
+        bar.update(1)
+
+        # Statistics: one collective and one host sync per log step.
+        if progress.step % cfg.logging_steps == 0 or progress.step == max_steps:
+            values = stats.flush(accelerator)
+            now = time.perf_counter()
+            record = {"step": progress.step, "images": progress.images_seen, "train_seconds": round(progress.train_seconds, 3),
+                      "lr": lr_scheduler.get_last_lr()[0], "img_per_s": window_images / max(now - window_t0, 1e-9),
+                      "world_size": world, **values}
+            window_t0, window_images = now, 0
+            stats_file.write(record)
+            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=progress.step)
+            bar.set_postfix(loss=f"{values.get('loss', math.nan):.4f}", img_s=f"{record['img_per_s']:.0f}",
+                            lr=f"{record['lr']:.2e}", refresh=False)
+
+        # Sample grid, checkpoint, stop.
+        stop = control.should_stop(progress.train_seconds)
+        done = stop or progress.step >= max_steps
+        if cfg.save_images_steps and progress.step % cfg.save_images_steps == 0 and not done:
+            preview_grid(accelerator, cfg, ema.model if ema else accelerator.unwrap_model(model), noise_scheduler, progress.step)
+        if (cfg.checkpointing_steps and progress.step % cfg.checkpointing_steps == 0) or done:
+            t0 = time.perf_counter()
+            path = save_checkpoint(accelerator, out, progress.step, cfg.to_dict(), cfg.checkpoints_total_limit)
+            progress.train_seconds += time.perf_counter() - t0
+            last_checkpoint = progress.step
+            log(f"saved {path}")
+        if stop:
+            stop_reason = control.reason
+            log(f"stopping after step {progress.step}: {stop_reason}; checkpoint written, rerun the same command with "
+                "--resume_from_checkpoint latest to continue")
+            break
+    bar.close()
+    control.close()
+
+    # Final sample grid and DDPMPipeline export.
+    final_unet = ema.model if ema else accelerator.unwrap_model(model)
+    grid = preview_grid(accelerator, cfg, final_unet, noise_scheduler, progress.step)
+    if last_checkpoint != progress.step:
+        save_checkpoint(accelerator, out, progress.step, cfg.to_dict(), cfg.checkpoints_total_limit)
+    export_pipeline(accelerator, cfg, final_unet, noise_scheduler, progress, {**info, "grid": grid})
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    summary = {"step": progress.step, "train_seconds": progress.train_seconds, "stopped": stop_reason,
+               "world_size": world}
+    log(f"done: {json.dumps(summary)}")
+    return summary

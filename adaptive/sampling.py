@@ -1,0 +1,99 @@
+"""DDPM ancestral sampling with one seed per image, shared by training previews, sample.py and evaluation.
+
+Image i is generated from its own torch.Generator(seed_i): its initial noise and every step's noise come from that
+generator alone, so the images do not depend on the batch size or on how many processes share the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler
+
+
+def to_uint8(x: torch.Tensor) -> torch.Tensor:
+    """[B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3] (as DDPMPipeline + numpy_to_pil: round(255 * (x/2 + 1/2)))."""
+    return ((x.float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def make_scheduler(config, kind: str = "ddpm"):
+    """A fresh scheduler (set_timesteps mutates state) from a DDPMScheduler config; kind 'ddpm' or 'ddim'."""
+    cls = {"ddpm": DDPMScheduler, "ddim": DDIMScheduler}[kind]
+    return cls.from_config(config)
+
+
+@torch.no_grad()
+def ddpm_sample(unet: torch.nn.Module, scheduler_config, seeds: Sequence[int], num_inference_steps: int,
+                batch_size: int = 256, device: torch.device | str = "cpu",
+                autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                scheduler_kind: str = "ddpm", on_batch: Optional[Callable[[int], None]] = None) -> torch.Tensor:
+    """Images for `seeds` as uint8 [N, H, W, 3] on the CPU; respaced DDPM ancestral sampling when steps < T."""
+    unet_cfg = getattr(unet, "config", None)
+    size = unet_cfg.sample_size if unet_cfg is not None else None
+    channels = unet_cfg.in_channels if unet_cfg is not None else 3
+    shape = (channels, size, size) if isinstance(size, int) else (channels, *size)
+    out = []
+    for start in range(0, len(seeds), batch_size):
+        chunk = seeds[start : start + batch_size]
+        gens = [torch.Generator("cpu").manual_seed(int(s)) for s in chunk]
+        x = torch.stack([torch.randn(shape, generator=g) for g in gens]).to(device)
+        sched = make_scheduler(scheduler_config, scheduler_kind)
+        sched.set_timesteps(num_inference_steps)
+        for t in sched.timesteps:
+            with autocast():
+                model_out = unet(x, t.to(device)).sample
+            if scheduler_kind == "ddpm":
+                x = sched.step(model_out.float(), t, x, generator=gens).prev_sample
+            else:
+                x = sched.step(model_out.float(), t, x, eta=0.0).prev_sample
+        out.append(to_uint8(x).cpu())
+        if on_batch is not None:
+            on_batch(len(chunk))
+    if not out:
+        return torch.zeros((0, *shape[1:], shape[0]), dtype=torch.uint8)
+    return torch.cat(out)
+
+
+def shard(seeds: Sequence[int], rank: int, world: int) -> tuple[list[int], int]:
+    """This rank's contiguous share of `seeds`, padded to equal length across ranks; returns (seeds, real count)."""
+    per = math.ceil(len(seeds) / world) if seeds else 0
+    mine = list(seeds[rank * per : (rank + 1) * per])
+    real = len(mine)
+    pad = [seeds[-1]] * (per - real) if seeds else []
+    return mine + pad, real
+
+
+def generate_distributed(accelerator, unet, scheduler_config, seeds: Sequence[int], num_inference_steps: int,
+                         batch_size: int = 256, scheduler_kind: str = "ddpm", autocast=None) -> torch.Tensor:
+    """All ranks share the seeds; every rank returns all N images (uint8 [N, H, W, 3], CPU), in seed order."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    mine, _ = shard(seeds, rank, world)
+    imgs = ddpm_sample(unet, scheduler_config, mine, num_inference_steps, batch_size, accelerator.device,
+                       autocast or accelerator.autocast, scheduler_kind)
+    if world > 1:
+        imgs = accelerator.gather(imgs.to(accelerator.device)).cpu()
+    return imgs[: len(seeds)]
+
+
+def save_grid(images: torch.Tensor | np.ndarray, path: str | Path, nrow: Optional[int] = None) -> Path:
+    """uint8 [N, H, W, 3] -> one PNG grid with 2 px gaps."""
+    from PIL import Image
+
+    arr = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    n, h, w, c = arr.shape
+    nrow = nrow or max(1, int(math.ceil(math.sqrt(n))))
+    ncol = int(math.ceil(n / nrow))
+    pad = 2
+    grid = np.full((ncol * (h + pad) + pad, nrow * (w + pad) + pad, c), 255, dtype=np.uint8)
+    for i in range(n):
+        r, q = divmod(i, nrow)
+        grid[pad + r * (h + pad) : pad + r * (h + pad) + h, pad + q * (w + pad) : pad + q * (w + pad) + w] = arr[i]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(grid).save(path)
+    return path

@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny generated image sets (never ../shared) and a helper that runs the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCELERATE = str(Path(sys.executable).parent / "accelerate")
+
+
+def write_images(folder: Path, n_per_class: int = 12, classes=("cat", "dog"), size: int = 32, seed: int = 0) -> Path:
+    """Class folders of random-but-structured PNG images (smooth colour fields, so they compress and decode fast)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (folder / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n_per_class):
+            base = rng.integers(0, 256, (1, 1, 3))
+            grad = np.linspace(0, 1, size)[None, :, None] * rng.integers(-80, 80, (1, 1, 3))
+            img = np.clip(base + grad + rng.normal(0, 10, (size, size, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(img).save(folder / c / f"{i:04d}.png")
+    return folder
+
+
+def zip_folder(folder: Path, zip_path: Path, prefix: str = "train") -> Path:
+    with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_STORED) as z:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                z.write(p, f"{prefix}/{p.relative_to(folder).as_posix()}")
+    return zip_path
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory) -> Path:
+    return write_images(tmp_path_factory.mktemp("imgs") / "train")
+
+
+@pytest.fixture(scope="session")
+def image_zip(tmp_path_factory, image_folder) -> Path:
+    return zip_folder(image_folder, tmp_path_factory.mktemp("zips") / "train.zip")
+
+
+def tiny_args(data: Path, out: Path, *extra: str) -> list[str]:
+    """A few-second cpu-tiny16 run on generated data."""
+    return ["--preset", "cpu-tiny16", "--train_data_dir", str(data), "--output_dir", str(out), "--logger", "none",
+            "--num_grid_images", "4", "--ddpm_num_inference_steps", "4", "--train_batch_size", "4", *extra]
+
+
+def run_cli(script: str, args: list[str], nproc: int = 1, timeout: float = 600, env: dict | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run an entry point as users do: python script.py (1 process) or accelerate launch (2 gloo ranks)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    if nproc == 1:
+        cmd = [sys.executable, script, *args]
+    else:
+        full_env["ACCELERATE_USE_CPU"] = "1"
+        cmd = [ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
+               "--num_processes", str(nproc), script, *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc

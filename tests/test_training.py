@@ -1,0 +1,101 @@
+"""Training through the real CLI: two gloo ranks, DDP == single process, accumulation == big batch, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from adaptive.config import PRESETS, TrainConfig
+from adaptive.model import build_unet
+from adaptive.seeding import seed_for
+
+from conftest import run_cli, tiny_args
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_ranks_really_train_end_to_end(tmp_path, image_zip):
+    out = tmp_path / "run"
+    proc = run_cli("train_accelerate.py", tiny_args(image_zip, out, "--max_train_steps", "4", "--logging_steps", "2",
+                                                  "--save_images_steps", "2", "--checkpointing_steps", "2"), nproc=2)
+    assert "world_size=2" in proc.stdout
+    records = [json.loads(l) for l in (out / "stats.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4]
+    assert all(r["world_size"] == 2 and r["images"] == r["step"] * 8 for r in records)
+    assert all(r["loss"] > 0 for r in records)
+    assert (out / "samples" / "grid_0000002.png").is_file() and (out / "samples" / "grid_0000004.png").is_file()
+    assert json.loads((out / "run_info.json").read_text())["world_size"] == 2
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["resolution"] == 16 and cfg["preset"] == "cpu-tiny16" and cfg["mixed_precision"] == "bf16"
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in (out / "checkpoint-4").iterdir()}
+
+
+def _params(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run / f"checkpoint-{step}" / "model.safetensors"))
+
+
+def test_ddp_and_gradient_accumulation_match_one_big_batch(tmp_path, image_folder):
+    """2 ranks x 4 == 1 process x 8 == accumulate 2 x 4 (same samples, noise and timesteps), in fp32.
+
+    adam_epsilon 1 makes the first Adam updates ~linear in the gradient (with eps ~ 0 they are lr * sign(g), which
+    amplifies float rounding of near-zero gradients), so equal parameters mean equal gradients.
+    """
+    common = ["--max_train_steps", "2", "--mixed_precision", "no", "--lr_scheduler", "constant", "--lr_warmup_steps", "0",
+              "--adam_epsilon", "1.0", "--learning_rate", "0.1",
+              "--checkpointing_steps", "1", "--save_images_steps", "none", "--logging_steps", "1"]
+    runs = {
+        "big": (tiny_args(image_folder, tmp_path / "big", *common, "--train_batch_size", "8"), 1),
+        "ddp": (tiny_args(image_folder, tmp_path / "ddp", *common, "--train_batch_size", "4"), 2),
+        "accum": (tiny_args(image_folder, tmp_path / "accum", *common, "--train_batch_size", "4",
+                            "--gradient_accumulation_steps", "2"), 1),
+    }
+    for name, (args, nproc) in runs.items():
+        run_cli("train_accelerate.py", args, nproc=nproc)
+    torch.manual_seed(seed_for(0, "init"))
+    init = build_unet(TrainConfig(**PRESETS["cpu-tiny16"])).state_dict()
+    for step in (1, 2):
+        big = _params(tmp_path / "big", step)
+        moved = max((big[k] - init[k]).abs().max().item() for k in big)
+        assert moved > 1e-4  # the step really changed the weights
+        for other in ("ddp", "accum"):
+            p = _params(tmp_path / other, step)
+            diff = max((p[k] - big[k]).abs().max().item() for k in big)
+            assert diff < 1e-3 * moved, (other, step, diff, moved)
+    losses = {n: [json.loads(l)["loss"] for l in (tmp_path / n / "stats.jsonl").read_text().splitlines()] for n in runs}
+    assert losses["ddp"] == pytest.approx(losses["big"], rel=1e-5)
+    assert losses["accum"] == pytest.approx(losses["big"], rel=1e-5)
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_bad_input_never_touches_an_existing_run(tmp_path, image_folder):
+    out = tmp_path / "run"
+    run_cli("train_accelerate.py", tiny_args(image_folder, out, "--max_train_steps", "2", "--save_images_steps", "none"))
+    before = _snapshot(out)
+    corrupt = tmp_path / "corrupt"
+    (corrupt / "a").mkdir(parents=True)
+    (corrupt / "a" / "x.png").write_bytes(b"not a png")
+    cases = {
+        "already holds a run": tiny_args(image_folder, out, "--max_train_steps", "2"),
+        "cannot read image 'a/x.png'": tiny_args(corrupt, out, "--overwrite_output_dir", "--max_train_steps", "2"),
+        "does not exist": tiny_args(tmp_path / "missing", out, "--overwrite_output_dir"),
+        "invalid choice: 'huge'": ["--preset", "huge", "--output_dir", str(out)],
+        "invalid choice: 'sometimes'": tiny_args(image_folder, out, "--lr_scheduler", "sometimes"),
+        "unrecognized arguments: --bogus": tiny_args(image_folder, out, "--bogus", "1"),
+        "different model/objective (block_out_channels differ)": tiny_args(
+            image_folder, out, "--resume_from_checkpoint", "latest", "--block_out_channels", "32,32,64"),
+    }
+    for message, args in cases.items():
+        proc = run_cli("train_accelerate.py", args, check=False)
+        assert proc.returncode == 2, (message, proc.stderr[-2000:])
+        err_lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+        assert len(err_lines) == 1 and message in err_lines[0], (message, proc.stderr[-2000:])
+        assert _snapshot(out) == before, message
