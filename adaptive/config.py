@@ -66,7 +66,10 @@ class TrainConfig:
     snr_gamma: float = 5.0  # Min-SNR gamma (Hang et al. 2023)
     p2_gamma: float = 1.0  # P2 exponent gamma (Choi et al. 2022)
     p2_k: float = 1.0  # P2 offset k
-    timestep_sampler: str = "uniform"  # how t is drawn (adaptive/timesteps.py)
+    timestep_sampler: str = "uniform"  # how t is drawn: uniform | iddpm | speed | edm2_uncertainty | kim2025 | adaptive
+    uncertainty_lr: float = 1e-2  # Adam learning rate of edm2_uncertainty's log-variances u_t
+    speed_k: float = 5.0  # SpeeD: sampling weight of t < tau relative to t >= tau
+    speed_lambda: float = 0.6  # SpeeD: change-aware weighting strength lambda
 
     # --- optimisation ---
     train_batch_size: int = 128  # images per device per micro-step
@@ -106,6 +109,29 @@ class TrainConfig:
     checkpointing_steps: typing.Optional[int] = 5_000  # optimizer steps between resumable checkpoints; None = only at the end
     checkpoints_total_limit: typing.Optional[int] = None  # keep only the newest N complete checkpoints
     resume_from_checkpoint: typing.Optional[str] = None  # 'latest' or a checkpoint folder
+
+    # --- export, Hub, post-hoc EMA ---
+    save_model_steps: typing.Optional[int] = None  # optimizer steps between DDPMPipeline exports to output_dir (always at the end)
+    push_to_hub: bool = False  # upload each export to the Hub in the background (never blocks or fails training)
+    hub_model_id: typing.Optional[str] = None  # Hub repo id; None = the output_dir's folder name
+    hub_token: typing.Optional[str] = None  # Hub token (else HF_TOKEN or the cached login); never written anywhere
+    hub_private_repo: bool = False  # create the Hub repo private
+    push_checkpoints: bool = False  # also upload training-state checkpoint-* folders (off: only the pipeline and card)
+    ema_snapshots: typing.Tuple[float, ...] = ()  # sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10)
+    ema_snapshot_steps: int = 5000  # optimizer steps between post-hoc EMA snapshots (output_dir/ema_snapshots/)
+
+    # --- evaluation during training (time excluded from the training budget) ---
+    eval_steps: typing.Optional[int] = None  # optimizer steps between evaluations; None = only at eval_at_steps
+    eval_at_steps: typing.Tuple[int, ...] = ()  # explicit evaluation points in optimizer steps (e.g. the benchmark's)
+    eval_num_images: int = 10_000  # generated images per evaluation
+    eval_inference_steps: int = 100  # DDPM ancestral sampling steps per image (respaced when < ddpm_num_steps)
+    eval_batch_size: int = 256  # sampling batch per device
+    eval_seed_offset: int = 1_000_000  # image i of every evaluation is generated from seed eval_seed_offset + i
+    eval_feature_extractor: str = "inception"  # 'inception' (clean-fid, FID) or a TorchScript .pt (proxy FD)
+    eval_mode: str = "clean"  # clean-fid mode for Inception: clean | legacy_tensorflow | legacy_pytorch
+    eval_ref_stats: typing.Optional[str] = None  # .npz with mu and sigma; None = CIFAR-10 train stats or built from eval_ref_dir
+    eval_ref_dir: typing.Optional[str] = None  # folder/.zip of reference images; None = the training data
+    eval_ref_num_images: int = 10_000  # reference images: a fixed random subset (seed 0) at the training resolution
 
     def to_dict(self, include_secrets: bool = False) -> dict:
         """Plain JSON-ready dict; secrets are dropped unless asked for."""
@@ -157,6 +183,9 @@ _TINY_TRAINING = dict(
     num_grid_images=64,
     checkpointing_steps=500,
     logging_steps=25,
+    eval_num_images=1000,
+    eval_inference_steps=50,
+    eval_ref_num_images=10_000,
 )
 
 PRESETS: dict[str, dict] = {
@@ -189,11 +218,12 @@ CHOICES: dict[str, tuple] = {
     "ddpm_beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid"),
     "prediction_type": ("epsilon", "sample", "v_prediction"),
     "loss_weighting": ("none", "min_snr", "p2"),
-    "timestep_sampler": ("uniform",),
+    "timestep_sampler": ("uniform", "iddpm", "speed", "edm2_uncertainty", "kim2025", "adaptive"),
     "lr_scheduler": ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"),
     "mixed_precision": ("no", "fp16", "bf16"),
     "ema_warmup": ("power", "ratio", "none"),
     "logger": ("tensorboard", "wandb", "none"),
+    "eval_mode": ("clean", "legacy_tensorflow", "legacy_pytorch"),
 }
 
 
@@ -221,9 +251,19 @@ def _base_type(tp):
     return tp, False
 
 
+class _ExplicitNone:
+    """Marks a flag given as 'none' (distinct from a flag not given, which the preset fills)."""
+
+    def __repr__(self):
+        return "None"
+
+
+EXPLICIT_NONE = _ExplicitNone()
+
+
 def _optional(conv):
     def parse(s: str):
-        return None if s.lower() in ("none", "null") else conv(s)
+        return EXPLICIT_NONE if s.lower() in ("none", "null") else conv(s)
 
     parse.__name__ = getattr(conv, "__name__", "value")
     return parse
@@ -246,7 +286,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls=TrainConfig) -> No
         else:
             kw["type"] = _optional(tp) if optional else tp
             if f.name in CHOICES:
-                kw["choices"] = list(CHOICES[f.name]) + ([None] if optional else [])
+                kw["choices"] = list(CHOICES[f.name]) + ([EXPLICIT_NONE] if optional else [])
                 kw["metavar"] = "{" + ",".join(CHOICES[f.name]) + "}"
         parser.add_argument(f"--{f.name}", **kw)
 
@@ -260,6 +300,9 @@ def resolve_config(args: argparse.Namespace, cls=TrainConfig) -> TrainConfig:
     for f in fields(cls):
         v = getattr(args, f.name, None)
         if v is None:
+            continue
+        if v is EXPLICIT_NONE:
+            values[f.name] = None
             continue
         if typing.get_origin(_base_type(typing.get_type_hints(cls)[f.name])[0]) is tuple:
             v = tuple(x for part in v for x in (part if isinstance(part, list) else [part]))
@@ -276,12 +319,13 @@ def validate(cfg: TrainConfig) -> None:
         if v is not None and v not in allowed:
             raise ConfigError(f"--{name} {v!r} is not one of {', '.join(map(str, allowed))}")
     positive = ["resolution", "train_batch_size", "gradient_accumulation_steps", "ddpm_num_steps",
-                "ddpm_num_inference_steps", "layers_per_block", "logging_steps", "num_grid_images"]
+                "ddpm_num_inference_steps", "layers_per_block", "logging_steps", "num_grid_images",
+                "eval_num_images", "eval_inference_steps", "eval_batch_size", "eval_ref_num_images"]
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name} must be >= 1 (got {getattr(cfg, name)})")
     for name in ["max_train_steps", "num_epochs", "save_images_steps", "checkpointing_steps",
-                 "checkpoints_total_limit", "max_train_samples"]:
+                 "checkpoints_total_limit", "max_train_samples", "eval_steps", "save_model_steps"]:
         v = getattr(cfg, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name} must be >= 1 or none (got {v})")
@@ -303,6 +347,14 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"every --block_out_channels value must be divisible by --norm_num_groups {cfg.norm_num_groups}")
     if not 0.0 < cfg.ddpm_beta_start < cfg.ddpm_beta_end < 1.0:
         raise ConfigError("betas must satisfy 0 < --ddpm_beta_start < --ddpm_beta_end < 1")
+    if cfg.ema_snapshot_steps < 1:
+        raise ConfigError("--ema_snapshot_steps must be >= 1")
+    if any(not 0.0 < s < 0.289 for s in cfg.ema_snapshots):
+        raise ConfigError("--ema_snapshots values are sigma_rel in (0, 0.289) (EDM2 uses 0.05 0.10)")
+    if any(s < 1 for s in cfg.eval_at_steps):
+        raise ConfigError("--eval_at_steps must be positive step numbers")
+    if cfg.eval_inference_steps > cfg.ddpm_num_steps:
+        raise ConfigError("--eval_inference_steps cannot exceed --ddpm_num_steps")
     if cfg.ddpm_num_inference_steps > cfg.ddpm_num_steps:
         raise ConfigError("--ddpm_num_inference_steps cannot exceed --ddpm_num_steps")
 

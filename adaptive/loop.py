@@ -9,6 +9,7 @@ import platform
 import shutil
 import sys
 import time
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -24,10 +25,14 @@ from .data import Layout, load_train_data, open_entries
 from .ema import EMA
 from .losses import DiffusionTables, per_sample_mse, q_sample, training_target
 from .model import build_noise_scheduler, build_unet, count_parameters
+from .phema import PowerEMAs
 from .sampling import generate_distributed, save_grid
 from .seeding import generator, seed_for
 from .stats import JsonlWriter, Stats
 from .timesteps import build_sampler
+from .timesteps.base import DIAGNOSTIC_BINS, bin_sum
+
+HEATMAP_BINS = 50
 
 RUN_MARKERS = ("config.json", "stats.jsonl", "model_index.json")
 
@@ -54,12 +59,14 @@ class TrainState:
     progress: Progress
     sampler: object
     ema: Optional[EMA] = None
+    phema: Optional[PowerEMAs] = None
 
     def state_dict(self) -> dict:
         return {
             "progress": self.progress.state_dict(),
             "sampler": self.sampler.state_dict(),
             "ema_num_updates": self.ema.num_updates if self.ema else None,
+            "phema": self.phema.state_dict() if self.phema else None,
         }
 
     def load_state_dict(self, s: dict) -> None:
@@ -67,6 +74,10 @@ class TrainState:
         self.sampler.load_state_dict(s["sampler"])
         if self.ema is not None:
             self.ema.num_updates = int(s["ema_num_updates"])
+        if self.phema is not None:
+            if not s.get("phema"):
+                raise ConfigError("the checkpoint has no post-hoc EMA state; resume without --ema_snapshots")
+            self.phema.load_state_dict(s["phema"])
 
     def register(self, accelerator) -> None:
         """save_state/load_state then carry this state: training_state.pt (weights_only) and ema.safetensors."""
@@ -163,7 +174,8 @@ def clear_run(out: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
     for name in ("config.json", "run_info.json", "stats.jsonl", "model_index.json", "README.md"):
         (out / name).unlink(missing_ok=True)
-    for name in ("unet", "scheduler", "samples", "logs"):
+    (out / "timestep_p.png").unlink(missing_ok=True)
+    for name in ("unet", "scheduler", "samples", "logs", "ema_snapshots"):
         shutil.rmtree(out / name, ignore_errors=True)
 
 
@@ -172,7 +184,7 @@ def run_info(accelerator, cfg: TrainConfig, layout: Layout, num_params: int, dat
     import diffusers
 
     return {
-        "command": " ".join(sys.argv),
+        "command": scrubbed_command(sys.argv),
         "world_size": accelerator.num_processes,
         "device": str(accelerator.device),
         "device_name": torch.cuda.get_device_name() if accelerator.device.type == "cuda" else platform.processor() or platform.machine(),
@@ -185,6 +197,23 @@ def run_info(accelerator, cfg: TrainConfig, layout: Layout, num_params: int, dat
                      "python": platform.python_version()},
         "git_commit": _git_commit(),
     }
+
+
+def scrubbed_command(argv: list[str]) -> str:
+    """The command line with the value of --hub_token replaced by ***."""
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a == "--hub_token":
+            out.append(a)
+            hide = True
+        elif a.startswith("--hub_token="):
+            out.append("--hub_token=***")
+        else:
+            out.append(a)
+    return " ".join(out)
 
 
 def _git_commit() -> Optional[str]:
@@ -224,7 +253,65 @@ def preview_grid(accelerator, cfg: TrainConfig, unet, noise_scheduler, step: int
     return None
 
 
-def export_pipeline(accelerator, cfg: TrainConfig, unet, noise_scheduler, progress: Progress, info: dict) -> None:
+def gather_for_sampler(accelerator, layout: Layout, losses: torch.Tensor, local_t: torch.Tensor,
+                       t_all: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t [G], loss [G]) of the global batch on every rank, in the (micro, rank, i) order of the global draw."""
+    world = accelerator.num_processes
+    if world == 1:
+        return (t_all if t_all is not None else local_t), losses
+    def order(x):  # gather is rank-major [world, accum * B]; the global draw is (micro, rank, i)
+        return accelerator.gather(x).view(world, layout.accum, layout.batch_size).transpose(0, 1).reshape(-1)
+    return (t_all if t_all is not None else order(local_t)), order(losses)
+
+
+def sampler_diagnostics(sampler, p_history: list, step: int) -> dict:
+    """The sampler's per-t diagnostics as plain numbers (one host sync), and a row of the p(t) heat-map history."""
+    diag = sampler.diagnostics()
+    p_fine = bin_sum(sampler.probabilities(), HEATMAP_BINS)
+    names = sorted(diag)
+    flat = torch.cat([diag[n].reshape(-1).float() for n in names] + [p_fine.float()]).tolist()  # sync point: log step
+    out, pos = {}, 0
+    for n in names:
+        size = diag[n].numel()
+        out[n] = flat[pos] if diag[n].dim() == 0 else flat[pos : pos + size]
+        pos += size
+    p_history.append((step, flat[pos:]))
+    return out
+
+
+def tracker_values(record: dict) -> dict:
+    """Scalars for the trackers; per-bin lists become name/bin_i."""
+    out = {}
+    for k, v in record.items():
+        if k == "step":
+            continue
+        if isinstance(v, list):
+            out.update({f"timesteps/{k}_{i}": x for i, x in enumerate(v) if x is not None})
+        elif isinstance(v, (int, float)):
+            out[k] = v
+    return out
+
+
+def save_heatmap(accelerator, cfg: TrainConfig, p_history: list) -> None:
+    if accelerator.is_main_process and p_history:
+        from .plots import save_p_heatmap
+
+        steps = [s for s, _ in p_history]
+        save_p_heatmap(steps, [p for _, p in p_history], cfg.ddpm_num_steps, Path(cfg.output_dir) / "timestep_p.png",
+                       title=f"p(t) over training - {cfg.timestep_sampler}")
+
+
+def make_uploader(cfg: TrainConfig, log):
+    """Background Hub uploader for the exported pipeline (main process only)."""
+    from .hub import HubUploader, resolve_token
+
+    repo_id = cfg.hub_model_id or Path(cfg.output_dir).resolve().name
+    return HubUploader(repo_id, resolve_token(cfg.hub_token), private=cfg.hub_private_repo,
+                       push_checkpoints=cfg.push_checkpoints, log=log)
+
+
+def export_pipeline(accelerator, cfg: TrainConfig, unet, noise_scheduler, progress: Progress, info: dict,
+                    metrics: Optional[dict] = None) -> None:
     """DDPMPipeline(unet=EMA U-Net, scheduler).save_pretrained(output_dir) in safetensors, with a model card."""
     if not accelerator.is_main_process:
         return
@@ -234,7 +321,7 @@ def export_pipeline(accelerator, cfg: TrainConfig, unet, noise_scheduler, progre
 
     pipeline = DDPMPipeline(unet=unet, scheduler=noise_scheduler)
     pipeline.save_pretrained(cfg.output_dir, safe_serialization=True)
-    write_model_card(Path(cfg.output_dir), cfg, progress, info)
+    write_model_card(Path(cfg.output_dir), cfg, progress, info, metrics)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -294,8 +381,9 @@ def train(cfg: TrainConfig) -> dict:
     lr_scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.lr_warmup_steps,
                                  num_training_steps=max_steps)
     model, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+    phema = PowerEMAs(unet, cfg.ema_snapshots).to(device) if cfg.ema_snapshots else None
     progress = Progress()
-    state = TrainState(progress, sampler, ema)
+    state = TrainState(progress, sampler, ema, phema)
     state.register(accelerator)
 
     # Resume, or start a new run.
@@ -311,6 +399,12 @@ def train(cfg: TrainConfig) -> dict:
     if is_main:
         (out / "config.json").write_text(cfg.to_json())
         (out / "run_info.json").write_text(json.dumps({**info, "sampler": sampler.describe()}, indent=2))
+    uploader = make_uploader(cfg, log) if is_main and cfg.push_to_hub else None
+    evaluator = None
+    if cfg.eval_steps or cfg.eval_at_steps:
+        from .evaluation import InTrainingEvaluator
+
+        evaluator = InTrainingEvaluator(cfg, accelerator, data.images, log)
     accelerator.init_trackers(cfg.tracker_project_name, config=tracker_config(cfg))
     log(f"world_size={world} device={device} mixed_precision={accelerator.mixed_precision} params={num_params:,} "
         f"global_batch={layout.global_batch} (= {cfg.train_batch_size} per device x {world} processes x "
@@ -319,12 +413,15 @@ def train(cfg: TrainConfig) -> dict:
 
     # Training loop.
     stats = Stats()
+    hook_ctx = SimpleNamespace(accelerator=accelerator, autocast=accelerator.autocast, seed=cfg.seed, model=None)
+    p_history: list[tuple[int, list[float]]] = []  # (step, p(t) in HEATMAP_BINS bins) at every log step
     control = StopControl(world, cfg.max_train_minutes * 60 if cfg.max_train_minutes else None)
     batches = data.batches(progress.step)
-    bar = tqdm(total=max_steps, initial=progress.step, disable=not is_main, desc="train", unit="step",
-               dynamic_ncols=True, file=sys.stdout)
-    window_t0, window_images = time.perf_counter(), 0
-    stop_reason = None
+    interactive = sys.stdout.isatty()  # a progress bar on a terminal; one line per log step in files
+    bar = tqdm(total=max_steps, initial=progress.step, disable=not (is_main and interactive), desc="train",
+               unit="step", dynamic_ncols=True, file=sys.stdout)
+    window_t0, window_images = progress.train_seconds, 0  # img/s over training time only
+    stop_reason, last_metrics = None, None
     last_checkpoint = resume_from and progress.step
     while progress.step < max_steps:
         t_step = time.perf_counter()
@@ -332,15 +429,21 @@ def train(cfg: TrainConfig) -> dict:
 
         # Draw this optimizer step's global timesteps, weights and noise (identical on every rank; each takes its slice).
         g = generator(device, cfg.seed, "step", step)
-        t_all, w_all = sampler.sample(layout.global_batch, device, g)  # [G]
+        sampler.begin_step(step)
+        if not sampler.conditional:
+            t_all, w_all = sampler.sample(layout.global_batch, device, g)  # [G]
         noise_all = torch.randn((layout.global_batch, 3, cfg.resolution, cfg.resolution), generator=g, device=device)
         torch.manual_seed(seed_for(cfg.seed, "dropout", rank, step))  # dropout masks: (seed, rank, step)
 
         # Evaluate the loss and accumulate gradients over the micro-batches.
-        local_losses = []
+        local_losses, local_t = [], []
         for micro, x0 in enumerate(next(batches)):
             sl = layout.slice(micro, rank)
-            t, w, noise = t_all[sl], w_all[sl], noise_all[sl]
+            if sampler.conditional:  # t depends on this rank's x0 (kim2025)
+                t, w = sampler.sample_conditional(x0, generator(device, cfg.seed, "t", step, micro, rank))
+            else:
+                t, w = t_all[sl], w_all[sl]
+            noise = noise_all[sl]
             sa, s1 = tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]
             with accelerator.accumulate(model):
                 x_t = q_sample(x0, noise, sa, s1)
@@ -350,19 +453,25 @@ def train(cfg: TrainConfig) -> dict:
                 loss_b = tables.weight[t] * per_sample_mse(pred, training_target(cfg.prediction_type, x0, noise, sa, s1))
                 accelerator.backward(sampler.loss(t, w, loss_b).mean())
             local_losses.append(loss_b.detach())
+            local_t.append(t)
+            stats.report_binned("loss_by_t", t * DIAGNOSTIC_BINS // cfg.ddpm_num_steps, loss_b, DIAGNOSTIC_BINS)
 
         # Optimizer step, LR schedule, EMA, timestep-sampler update.
+        hook_ctx.model = accelerator.unwrap_model(model)
+        sampler.before_optimizer_step(hook_ctx)
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None
         optimizer.step()
         lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        sampler.after_optimizer_step(hook_ctx)
         if ema is not None:
             ema.update(accelerator.unwrap_model(model))
+        if phema is not None:
+            phema.update(accelerator.unwrap_model(model))
         losses = torch.cat(local_losses)
         if sampler.needs_losses:
-            gathered = accelerator.gather(losses)  # rank-major [world * accum * B]; t_all is (micro, rank, i)
-            gathered = gathered.view(world, layout.accum, cfg.train_batch_size).transpose(0, 1).reshape(-1)
-            sampler.update(t_all, gathered)
+            sampler.update(*gather_for_sampler(accelerator, layout, losses, torch.cat(local_t),
+                                               None if sampler.conditional else t_all))
         progress.step += 1
         progress.images_seen += layout.global_batch
         window_images += layout.global_batch
@@ -375,27 +484,53 @@ def train(cfg: TrainConfig) -> dict:
         # Statistics: one collective and one host sync per log step.
         if progress.step % cfg.logging_steps == 0 or progress.step == max_steps:
             values = stats.flush(accelerator)
-            now = time.perf_counter()
+            values.update(sampler_diagnostics(sampler, p_history, progress.step))
+            now = progress.train_seconds
             record = {"step": progress.step, "images": progress.images_seen, "train_seconds": round(progress.train_seconds, 3),
                       "lr": lr_scheduler.get_last_lr()[0], "img_per_s": window_images / max(now - window_t0, 1e-9),
                       "world_size": world, **values}
             window_t0, window_images = now, 0
             stats_file.write(record)
-            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=progress.step)
+            accelerator.log(tracker_values(record), step=progress.step)
             bar.set_postfix(loss=f"{values.get('loss', math.nan):.4f}", img_s=f"{record['img_per_s']:.0f}",
                             lr=f"{record['lr']:.2e}", refresh=False)
+            if not interactive:
+                log(f"step {progress.step}/{max_steps} loss={values.get('loss', math.nan):.4f} "
+                    f"img/s={record['img_per_s']:.0f} lr={record['lr']:.2e} train_time={progress.train_seconds:.0f}s")
+
+        # Evaluate: FID / proxy FD of the EMA model, logged with the training wall-clock (its own time excluded).
+        if evaluator is not None and evaluator.due(progress.step):
+            metrics = evaluator(ema.model if ema else accelerator.unwrap_model(model), noise_scheduler.config)
+            if metrics:
+                record = {"step": progress.step, "images": progress.images_seen,
+                          "train_seconds": round(progress.train_seconds, 3), **metrics}
+                stats_file.write(record)
+                accelerator.log({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=progress.step)
+                last_metrics = record
+                log(f"eval at step {progress.step}: {evaluator.featnet.metric}={metrics[evaluator.featnet.metric]:.4f} "
+                    f"({metrics['eval_images']} images, {metrics['eval_seconds']}s)")
 
         # Sample grid, checkpoint, stop.
         stop = control.should_stop(progress.train_seconds)
         done = stop or progress.step >= max_steps
         if cfg.save_images_steps and progress.step % cfg.save_images_steps == 0 and not done:
             preview_grid(accelerator, cfg, ema.model if ema else accelerator.unwrap_model(model), noise_scheduler, progress.step)
+            save_heatmap(accelerator, cfg, p_history)
+        if phema is not None and progress.step % cfg.ema_snapshot_steps == 0 and is_main:
+            phema.save_snapshots(out / "ema_snapshots")
         if (cfg.checkpointing_steps and progress.step % cfg.checkpointing_steps == 0) or done:
             t0 = time.perf_counter()
             path = save_checkpoint(accelerator, out, progress.step, cfg.to_dict(), cfg.checkpoints_total_limit)
             progress.train_seconds += time.perf_counter() - t0
             last_checkpoint = progress.step
             log(f"saved {path}")
+            if uploader is not None and cfg.push_checkpoints:
+                uploader.push(out, f"checkpoint at step {progress.step}")
+        if cfg.save_model_steps and progress.step % cfg.save_model_steps == 0 and not done:
+            export_pipeline(accelerator, cfg, ema.model if ema else accelerator.unwrap_model(model), noise_scheduler,
+                            progress, info, last_metrics)
+            if uploader is not None:
+                uploader.push(out, f"pipeline at step {progress.step}")
         if stop:
             stop_reason = control.reason
             log(f"stopping after step {progress.step}: {stop_reason}; checkpoint written, rerun the same command with "
@@ -404,12 +539,21 @@ def train(cfg: TrainConfig) -> dict:
     bar.close()
     control.close()
 
-    # Final sample grid and DDPMPipeline export.
+    # Final sample grid and DDPMPipeline export (skipped when preempted: the checkpoint is what matters then).
+    preempted = bool(stop_reason) and not stop_reason.startswith("--max_train_minutes")
     final_unet = ema.model if ema else accelerator.unwrap_model(model)
-    grid = preview_grid(accelerator, cfg, final_unet, noise_scheduler, progress.step)
     if last_checkpoint != progress.step:
         save_checkpoint(accelerator, out, progress.step, cfg.to_dict(), cfg.checkpoints_total_limit)
-    export_pipeline(accelerator, cfg, final_unet, noise_scheduler, progress, {**info, "grid": grid})
+    if not preempted:
+        if phema is not None and is_main and progress.step % cfg.ema_snapshot_steps != 0:
+            phema.save_snapshots(out / "ema_snapshots")
+        grid = preview_grid(accelerator, cfg, final_unet, noise_scheduler, progress.step)
+        save_heatmap(accelerator, cfg, p_history)
+        export_pipeline(accelerator, cfg, final_unet, noise_scheduler, progress, {**info, "grid": grid}, last_metrics)
+        if uploader is not None:
+            uploader.push(out, f"final pipeline at step {progress.step}")
+    if uploader is not None:
+        uploader.close(timeout=30 if preempted else None)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     summary = {"step": progress.step, "train_seconds": progress.train_seconds, "stopped": stop_reason,

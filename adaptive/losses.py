@@ -81,6 +81,7 @@ class DiffusionTables:
     sqrt_one_minus_abar: torch.Tensor
     snr: torch.Tensor
     weight: torch.Tensor  # objective weight w(t)
+    alphas_cumprod: torch.Tensor  # float64 [T] on the CPU (exact schedule, for methods that derive constants)
 
     @classmethod
     def build(cls, alphas_cumprod: torch.Tensor, cfg, device) -> "DiffusionTables":
@@ -88,4 +89,4 @@ class DiffusionTables:
         s = snr(abar)
         w = objective_weights(s, cfg.loss_weighting, cfg.prediction_type, cfg.snr_gamma, cfg.p2_gamma, cfg.p2_k)
         f = lambda x: x.float().to(device)  # noqa: E731
-        return cls(f(abar.sqrt()), f((1 - abar).sqrt()), f(s), f(w))
+        return cls(f(abar.sqrt()), f((1 - abar).sqrt()), f(s), f(w), abar.cpu())

@@ -44,10 +44,14 @@ def write_model_card(folder: Path, cfg, progress, info: dict, metrics: dict | No
         if cfg.use_ema else "| EMA | off |",
     ]
     if metrics:
-        for k in ("fid", "proxy_fd", "kid", "precision", "recall"):
+        n = metrics.get("num_images", metrics.get("eval_images", "?"))
+        sampler = metrics.get("sampler", metrics.get("eval_sampler", "ddpm"))
+        steps = metrics.get("num_inference_steps", metrics.get("eval_inference_steps", ""))
+        for k, label in (("fid", "FID"), ("proxy_fd", "proxy FD (not FID)"), ("kid", "KID"), ("precision", "precision"),
+                         ("recall", "recall")):
             if k in metrics:
-                lines.append(f"| {k} | {metrics[k]:.4g} ({metrics.get('num_images', '?')} images, "
-                             f"{metrics.get('sampler', 'ddpm')} {metrics.get('num_inference_steps', '')} steps) |")
+                at = f" at step {metrics['step']:,}" if "step" in metrics else ""
+                lines.append(f"| {label} | {metrics[k]:.4g} ({n} images, {sampler} {steps} steps{at}) |")
     if grid_rel:
         lines += ["", f"![samples]({grid_rel.as_posix()})"]
     lines += ["", "## Training configuration", "", "```json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True), "```", ""]

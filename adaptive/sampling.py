@@ -97,3 +97,14 @@ def save_grid(images: torch.Tensor | np.ndarray, path: str | Path, nrow: Optiona
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(path)
     return path
+
+
+SAMPLER_LABELS = {
+    "ddpm": "ddpm (ancestral)",  # Ho et al. 2020, Alg. 2; respaced when fewer steps than T (Nichol & Dhariwal 2021)
+    "ddim": "ddim (deterministic, NOT the DDPM protocol)",  # Song et al. 2021, eta = 0
+}
+
+
+def sampler_label(kind: str) -> str:
+    """How a sampler is named in sampling.json and metrics.json."""
+    return SAMPLER_LABELS[kind]

@@ -1,0 +1,69 @@
+#!/usr/bin/env python
+"""Post-hoc EMA: rebuild the EMA of any length from a run's power-function EMA snapshots (Karras et al. 2024).
+
+    python reconstruct_ema.py --run_dir runs/x --sigma_rel 0.08 --output_dir runs/x/phema-0.080
+
+The run must have been trained with --ema_snapshots (e.g. 0.05 0.10). The result is a DDPMPipeline folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from adaptive.config import ConfigError, OneLineParser, TrainConfig
+
+
+def parse_args(argv=None):
+    p = OneLineParser(prog="reconstruct_ema.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run_dir", required=True, help="training output_dir with config.json and ema_snapshots/")
+    p.add_argument("--sigma_rel", type=float, nargs="+", required=True, help="EMA length(s) to reconstruct (relative std)")
+    p.add_argument("--at_step", type=int, default=None, help="optimizer step to reconstruct at (default: last snapshot)")
+    p.add_argument("--output_dir", default=None, help="where to write the pipeline (default: run_dir/phema-<sigma>)")
+    return p.parse_args(argv)
+
+
+def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path) -> dict:
+    from diffusers import DDPMPipeline
+
+    from adaptive.model import build_noise_scheduler, build_unet
+    from adaptive.phema import list_snapshots, reconstruct
+
+    if not 0 < sigma_rel < 0.289:
+        raise ConfigError(f"--sigma_rel {sigma_rel} must be in (0, 0.289)")
+    snaps = list_snapshots(run_dir / "ema_snapshots")
+    if not snaps:
+        raise ConfigError(f"no snapshots in {run_dir / 'ema_snapshots'} (train with --ema_snapshots 0.05 0.10)")
+    if at_step is not None and at_step < min(s["step"] for s in snaps):
+        raise ConfigError(f"--at_step {at_step} is before the first snapshot (step {min(s['step'] for s in snaps)})")
+    cfg = TrainConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    state, coef = reconstruct(snaps, sigma_rel, at_step)
+    unet = build_unet(cfg)
+    unet.load_state_dict(state)
+    DDPMPipeline(unet=unet, scheduler=build_noise_scheduler(cfg)).save_pretrained(output_dir, safe_serialization=True)
+    info = {"sigma_rel": sigma_rel, "at_step": at_step or max(s["step"] for s in snaps), "num_snapshots": len(coef),
+            "coefficients": [float(c) for c in coef]}
+    (output_dir / "phema.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    run_dir = Path(args.run_dir)
+    try:
+        if not (run_dir / "config.json").is_file():
+            raise ConfigError(f"--run_dir {run_dir} has no config.json (not a training run)")
+        for s in args.sigma_rel:
+            out = Path(args.output_dir) if args.output_dir and len(args.sigma_rel) == 1 else \
+                (Path(args.output_dir or run_dir) / f"phema-{s:.3f}")
+            info = export(run_dir, s, args.at_step, out)
+            print(f"sigma_rel={s:g} at step {info['at_step']} from {info['num_snapshots']} snapshots -> {out}")
+    except ConfigError as e:
+        print(f"reconstruct_ema.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

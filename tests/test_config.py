@@ -1,0 +1,92 @@
+"""Config: presets, flag resolution, JSON round trip, validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaptive.config import PRESETS, ConfigError, TrainConfig, field_comments, resolve_config
+from adaptive.model import build_noise_scheduler, build_unet, count_parameters
+from train_accelerate import main, parse_args
+
+
+def test_every_field_has_a_comment_and_a_flag():
+    comments = field_comments()
+    args = parse_args([])
+    for name in TrainConfig.__dataclass_fields__:
+        assert comments.get(name), f"field {name} has no comment"
+        assert hasattr(args, name)
+
+
+def test_ddpm_cifar10_preset_is_the_papers_model():
+    cfg = resolve_config(parse_args(["--preset", "ddpm-cifar10"]))
+    assert count_parameters(build_unet(cfg)) == 35_746_307  # Ho et al. 2020: 35.7M
+    assert (cfg.learning_rate, cfg.lr_warmup_steps, cfg.train_batch_size, cfg.max_train_steps) == (2e-4, 5000, 128, 800_000)
+    assert (cfg.dropout, cfg.max_grad_norm, cfg.ema_max_decay, cfg.random_flip) == (0.1, 1.0, 0.9999, True)
+    s = build_noise_scheduler(cfg)
+    assert s.config.num_train_timesteps == 1000 and s.config.beta_schedule == "linear"
+    assert (s.config.beta_start, s.config.beta_end, s.config.prediction_type) == (1e-4, 0.02, "epsilon")
+
+
+def test_cpu_tiny16_is_exactly_the_benchmark_protocol():
+    """shared/benchmark/PROTOCOL.md, 'Fixed setting' table."""
+    cfg = resolve_config(parse_args(["--preset", "cpu-tiny16"]))
+    unet = build_unet(cfg)
+    c = unet.config
+    assert c.sample_size == 16 and tuple(c.block_out_channels) == (32, 64, 64) and c.layers_per_block == 1
+    assert tuple(c.down_block_types) == ("DownBlock2D", "AttnDownBlock2D", "DownBlock2D")
+    assert tuple(c.up_block_types) == ("UpBlock2D", "AttnUpBlock2D", "UpBlock2D")
+    assert c.attention_head_dim == 8 and c.dropout == 0.0 and c.norm_num_groups == 32  # UNet2DModel defaults
+    assert 1.0e6 < count_parameters(unet) < 1.2e6
+    assert (cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_weight_decay) == (2e-3, 0.9, 0.999, 0.0)
+    assert (cfg.lr_scheduler, cfg.lr_warmup_steps, cfg.max_grad_norm, cfg.train_batch_size) == ("constant_with_warmup", 200, 1.0, 128)
+    assert cfg.mixed_precision == "bf16" and cfg.random_flip
+    assert (cfg.use_ema, cfg.ema_max_decay, cfg.ema_warmup) == (True, 0.995, "ratio")
+    assert cfg.max_train_steps == 2000 and cfg.ddpm_num_inference_steps == 50
+    assert (cfg.ddpm_num_steps, cfg.ddpm_beta_schedule, cfg.prediction_type) == (1000, "linear", "epsilon")
+
+
+def test_flags_override_the_preset_and_the_config_round_trips():
+    cfg = resolve_config(parse_args(["--preset", "cpu-tiny16", "--learning_rate", "1e-3", "--block_out_channels", "32,64",
+                                     "--down_block_types", "DownBlock2D", "AttnDownBlock2D", "--up_block_types",
+                                     "AttnUpBlock2D,UpBlock2D", "--no-random_flip", "--max_train_steps", "none",
+                                     "--num_epochs", "3"]))
+    assert cfg.learning_rate == 1e-3 and cfg.block_out_channels == (32, 64) and cfg.random_flip is False
+    assert cfg.down_block_types == ("DownBlock2D", "AttnDownBlock2D") and cfg.max_train_steps is None
+    assert cfg.lr_warmup_steps == 200  # still the preset's
+    again = TrainConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--resolution", "0"], "--resolution must be >= 1"),
+    (["--block_out_channels", "32,64"], "same length"),
+    (["--resolution", "18"], "divisible"),
+    (["--max_train_steps", "none"], "--max_train_steps or --num_epochs"),
+    (["--ddpm_beta_start", "0.5"], "betas"),
+])
+def test_invalid_values_are_one_line_errors(argv, message, capsys):
+    assert main(["--preset", "cpu-tiny16", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err
+
+
+def test_hub_dataset_with_an_img_column(tmp_path):
+    """Any `datasets` dataset with an image column (CIFAR-10 on the Hub calls it 'img'); a local repo stands in."""
+    import datasets
+    import numpy as np
+    from PIL import Image
+
+    from adaptive.data import decode_all, open_entries
+
+    imgs = [Image.fromarray(np.full((32, 32, 3), 10 * i, np.uint8)) for i in range(5)]
+    ds = datasets.Dataset.from_dict({"img": imgs, "label": list(range(5))}).cast_column("img", datasets.Image())
+    (tmp_path / "repo" / "data").mkdir(parents=True)
+    ds.to_parquet(str(tmp_path / "repo" / "data" / "train-00000-of-00001.parquet"))
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "dataset_name": str(tmp_path / "repo"), "cache_dir": str(tmp_path / "cache")})
+    x = decode_all(open_entries(cfg), 16)
+    assert x.shape == (5, 3, 32, 32) and x[3].float().mean().item() == 30
+    cfg.image_column = "picture"
+    with pytest.raises(ConfigError, match="--image_column 'picture' is not a column"):
+        open_entries(cfg)

@@ -1,0 +1,159 @@
+"""Timestep samplers: exact unbiasedness, valid probabilities, rank consistency, state round trip, paper values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from adaptive.config import PRESETS, TrainConfig
+from adaptive.losses import DiffusionTables, min_snr_eps_weight, objective_weights, p2_eps_weight, snr
+from adaptive.model import build_noise_scheduler
+from adaptive.timesteps import SAMPLERS, build_sampler
+from adaptive.timesteps.iddpm import IDDPMSampler
+
+T = 1000
+
+
+def make(name: str, **cfg_kw):
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "timestep_sampler": name, **cfg_kw})
+    tables = DiffusionTables.build(build_noise_scheduler(cfg).alphas_cumprod, cfg, "cpu")
+    return build_sampler(cfg, "cpu", tables), tables
+
+
+def synthetic_loss(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Per-sample losses shaped like epsilon-MSE: large at small t, ~0 near T, noisy."""
+    base = 0.02 + 0.5 * torch.exp(-t.float() / 80)
+    return base * torch.empty(t.shape).exponential_(1.0, generator=g)
+
+
+def train_sampler(sampler, steps: int = 40, batch: int = 512, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        t, _ = sampler.sample(batch, "cpu", torch.Generator().manual_seed(1000 + step))
+        if sampler.needs_losses:
+            sampler.update(t, synthetic_loss(t, g))
+    return sampler
+
+
+UNBIASED = sorted(n for n, c in SAMPLERS.items() if not c.changes_objective)
+
+
+@pytest.mark.parametrize("name", UNBIASED)
+def test_importance_samplers_are_exactly_unbiased(name):
+    """sum_t p(t) w(t) f(t) = mean_t f(t) for arbitrary f, computed from the returned probabilities and weights."""
+    sampler = train_sampler(make(name)[0], steps=200)
+    p = sampler.probabilities().double()
+    w = sampler.weight_of(torch.arange(T)).double()
+    for seed in range(3):
+        f = torch.randn(T, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).exp()
+        assert (p * w * f).sum().item() == pytest.approx(f.mean().item(), rel=1e-5)
+    # one seeded Monte-Carlo check through sample()
+    t, wt = sampler.sample(400_000, "cpu", torch.Generator().manual_seed(7))
+    f = torch.linspace(0.1, 3.0, T, dtype=torch.float64) ** 2
+    mc = (wt.double() * f[t]).mean().item()
+    assert mc == pytest.approx(f.mean().item(), rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_probabilities_are_valid_and_weights_bounded_under_extreme_losses(name):
+    sampler, _ = make(name)
+    for fill in (0.0, 1e-30, 1e30, float("nan")):
+        if fill != fill and not getattr(sampler, "tolerates_nan", True):
+            continue
+        for step in range(30):
+            t, w = sampler.sample(256, "cpu", torch.Generator().manual_seed(step))
+            assert t.dtype == torch.long and t.min() >= 0 and t.max() < T
+            assert torch.isfinite(w).all() and (w > 0).all()
+            if sampler.needs_losses:
+                loss = torch.full(t.shape, fill)
+                loss[::3] = 1.0
+                sampler.update(t, loss)
+        p = sampler.probabilities()
+        assert torch.isfinite(p).all() and (p > 0).all()
+        assert p.sum().item() == pytest.approx(1.0, abs=1e-5)
+        w_all = sampler.weight_of(torch.arange(T))
+        assert torch.isfinite(w_all).all() and w_all.max() < 1e4
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_state_round_trip_continues_identically(name, tmp_path):
+    from adaptive.checkpoint import load_object_state, save_object_state
+
+    a = train_sampler(make(name)[0], steps=25)
+    save_object_state(tmp_path / "s.pt", a.state_dict())
+    b, _ = make(name)
+    b.load_state_dict(load_object_state(tmp_path / "s.pt"))  # weights_only=True: no pickled code
+    for step in range(10):
+        ta, wa = a.sample(64, "cpu", torch.Generator().manual_seed(step))
+        tb, wb = b.sample(64, "cpu", torch.Generator().manual_seed(step))
+        assert torch.equal(ta, tb) and torch.equal(wa, wb)
+        if a.needs_losses:
+            loss = synthetic_loss(ta, torch.Generator().manual_seed(step))
+            a.update(ta, loss)
+            b.update(tb, loss)
+    assert torch.equal(a.probabilities(), b.probabilities())
+
+
+# -- paper values ----------------------------------------------------------------------------------------------------
+
+def test_schedule_facts_from_the_research_notes():
+    cfg = TrainConfig(**PRESETS["cpu-tiny16"])
+    s = snr(build_noise_scheduler(cfg).alphas_cumprod.double())
+    assert s[129] >= 5 > s[130] and s[258] >= 1 > s[259] and s[484] >= 0.1 > s[485]
+    assert s.log()[0].item() == pytest.approx(9.2, abs=0.05) and s.log()[-1].item() == pytest.approx(-10.1, abs=0.05)
+
+
+def test_min_snr_and_p2_weights_match_their_formulas():
+    s = torch.tensor([0.0, 0.5, 5.0, 20.0, 1e4], dtype=torch.float64)
+    assert min_snr_eps_weight(s, 5.0).tolist() == pytest.approx([1.0, 1.0, 1.0, 0.25, 5e-4])  # min(SNR, 5) / SNR
+    assert p2_eps_weight(s, 1.0, 1.0).tolist() == pytest.approx([1.0, 1 / 1.5, 1 / 6, 1 / 21, 1 / 10001])
+    # x0 and v parameterisations (Hang et al. 2023): min(SNR, g) and min(SNR, g) / (SNR + 1)
+    assert objective_weights(s[1:], "min_snr", "sample").tolist() == pytest.approx([0.5, 5.0, 5.0, 5.0])
+    assert objective_weights(s[1:], "min_snr", "v_prediction").tolist() == pytest.approx([0.5 / 1.5, 5 / 6, 5 / 21, 5 / 10001])
+    # P2 gamma=1 on the linear schedule, as quoted in the notes: w(0) ~ 1e-4, w(100) ~ 0.10, w(300) ~ 0.61
+    cfg = TrainConfig(**PRESETS["cpu-tiny16"], loss_weighting="p2")
+    tables = DiffusionTables.build(build_noise_scheduler(cfg).alphas_cumprod, cfg, "cpu")
+    assert tables.weight[0].item() == pytest.approx(1e-4, rel=0.05)
+    assert tables.weight[100].item() == pytest.approx(0.10, abs=0.01)
+    assert tables.weight[300].item() == pytest.approx(0.61, abs=0.01)
+
+
+def test_iddpm_probabilities_from_a_known_history():
+    s = IDDPMSampler(4, "cpu")
+    t = torch.tensor([0, 1, 2, 3] * 10)
+    loss = torch.tensor([1.0, 2.0, 3.0, 4.0] * 10)
+    loss[3] = 0.0  # t = 3 history: nine 4s and one 0
+    for _ in range(10):  # warm-up checks happen every 10 updates
+        s.update(t, loss)
+    rms = torch.tensor([1.0, 2.0, 3.0, math.sqrt(9 * 16 / 10)])
+    expected = 0.999 * rms / rms.sum() + 0.001 / 4
+    assert s.probabilities().tolist() == pytest.approx(expected.tolist(), rel=1e-6)
+    assert s.weight_of(torch.tensor([0])).item() == pytest.approx(1 / (4 * expected[0].item()), rel=1e-6)
+
+
+def test_iddpm_is_uniform_until_every_history_is_full():
+    s = IDDPMSampler(4, "cpu")
+    for _ in range(10):
+        s.update(torch.tensor([0, 1, 2] * 10), torch.ones(30))  # t = 3 never seen
+    assert torch.equal(s.probabilities(), torch.full((4,), 0.25))
+
+
+def test_iddpm_keeps_the_last_ten_losses_of_each_t():
+    s = IDDPMSampler(2, "cpu")
+    s.update(torch.tensor([0] * 25 + [1] * 10), torch.cat([torch.arange(25.0), torch.ones(10)]))
+    assert sorted(s.history[0].tolist()) == list(range(15, 25))
+
+
+def test_edm2_uncertainty_learns_the_log_of_the_expected_loss():
+    sampler, _ = make("edm2_uncertainty", uncertainty_lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    for step in range(600):
+        t, _ = sampler.sample(1024, "cpu", torch.Generator().manual_seed(step))
+        sampler.update(t, synthetic_loss(t, g))
+    centres = torch.arange(sampler.num_bins) * (T // sampler.num_bins) + T // sampler.num_bins // 2
+    expected = (0.02 + 0.5 * torch.exp(-centres.float() / 80)).log()  # E[L] of the synthetic losses
+    err = (sampler.u.detach() - expected)[5:]  # the steep first bins' average differs from the centre value
+    assert err.abs().mean() < 0.08 and err.abs().max() < 0.3
+    assert sampler.u.detach()[0] > sampler.u.detach()[-1] + 1.5  # large loss at small t -> large u
