@@ -163,6 +163,10 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, tota
     if accelerator.is_main_process:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     accelerator.wait_for_everyone()  # every rank's files are written
+    if os.environ.get("ADAPTIVE_TEST_CHECKPOINT_PAUSE"):  # fault-injection hook for the kill tests: a wide window
+        import time  # in which the checkpoint is half written
+
+        time.sleep(float(os.environ["ADAPTIVE_TEST_CHECKPOINT_PAUSE"]))
     if accelerator.is_main_process:
         write_manifest(tmp, step)
         if final.exists():

@@ -70,6 +70,12 @@ class TrainConfig:
     uncertainty_lr: float = 1e-2  # Adam learning rate of edm2_uncertainty's log-variances u_t
     speed_k: float = 5.0  # SpeeD: sampling weight of t < tau relative to t >= tau
     speed_lambda: float = 0.6  # SpeeD: change-aware weighting strength lambda
+    adaptive_balance: float = 1.0  # adaptive: objective weight E[L_t]^-beta (0 = configured objective, 1 = balanced)
+    adaptive_bins: int = 100  # adaptive: timestep bins of the running loss statistics
+    adaptive_uniform_mix: float = 0.1  # adaptive: uniform floor of the proposal
+    adaptive_ema: float = 0.05  # adaptive: statistics update rate per sample of a bin
+    adaptive_warmup_steps: int = 20  # adaptive: uniform draws and configured objective for the first N steps
+    adaptive_stratified: bool = True  # adaptive: stratified (low-discrepancy) draws over the global batch
 
     # --- optimisation ---
     train_batch_size: int = 128  # images per device per micro-step

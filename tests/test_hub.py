@@ -66,7 +66,8 @@ class FakeHub:
         self.repos: dict[str, dict] = {}  # repo_id -> {"private": bool, "authorization": str | None}
         self.commits: list[dict] = []  # {"repo_id", "summary", "files": {path: bytes}}
         self.requests: list[tuple[str, str]] = []
-        self.fail_commits = 0  # answer the next N commit requests with HTTP 500
+        self.fail_commits = 0  # answer the next N commit requests with HTTP fail_status
+        self.fail_status = 500
         self.commit_delay = 0.0  # seconds each commit request sleeps before answering
         self.commit_started = threading.Event()
         repo = r"/api/models/(?P<repo>[^/]+/[^/]+)"
@@ -111,7 +112,7 @@ class FakeHub:
                 self.fail_commits -= 1
                 # Echo the credential the way a careless server might: the uploader must scrub it from its logs.
                 token = (headers.get("Authorization") or "").removeprefix("Bearer ")
-                return 500, {"error": f"storage backend unavailable (request token: {token})"}
+                return self.fail_status, {"error": f"storage backend unavailable (request token: {token})"}
         summary, files = None, {}
         for line in body.splitlines():
             item = json.loads(line)

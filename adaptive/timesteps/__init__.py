@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .adaptive import AdaptiveSampler
 from .base import TimestepSampler, UniformSampler
 from .edm2 import EDM2UncertaintySampler
 from .iddpm import IDDPMSampler
@@ -11,7 +12,8 @@ from .kim2025 import Kim2025Sampler
 from .speed import SpeeDSampler
 
 SAMPLERS: dict[str, type[TimestepSampler]] = {
-    cls.name: cls for cls in (UniformSampler, IDDPMSampler, SpeeDSampler, EDM2UncertaintySampler, Kim2025Sampler)
+    cls.name: cls for cls in (UniformSampler, IDDPMSampler, SpeeDSampler, EDM2UncertaintySampler, Kim2025Sampler,
+                AdaptiveSampler)
 }
 
 

@@ -56,6 +56,7 @@ class TimestepSampler:
     changes_objective = False  # True for methods that deliberately optimise another objective than the configured one
     needs_losses = False  # True when update() uses the gathered per-sample losses
     conditional = False  # True when t depends on x0: the loop calls sample_conditional per micro-batch instead
+    importance_sampler = True  # weight_of(t) p(t) T = objective_weights(t): exactly unbiased for the declared objective
 
     def __init__(self, num_timesteps: int, device: torch.device | str = "cpu", tables=None, cfg=None):
         self.num_timesteps = num_timesteps
@@ -67,6 +68,10 @@ class TimestepSampler:
     def probabilities(self) -> torch.Tensor:
         """Current proposal p(t), float32 [T] on the device, sums to 1."""
         return torch.full((self.num_timesteps,), 1.0 / self.num_timesteps, device=self.device)
+
+    def objective_weights(self) -> torch.Tensor:
+        """[T]: weight of each t in the declared objective relative to the configured one (1 = unchanged)."""
+        return torch.ones(self.num_timesteps, device=self.device)
 
     def weight_of(self, t: torch.Tensor) -> torch.Tensor:
         """The loss multiplier that `sample` returns with timestep t: 1 / (T p_t) for unbiased samplers."""

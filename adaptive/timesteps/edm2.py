@@ -28,6 +28,7 @@ class EDM2UncertaintySampler(TimestepSampler):
 
     name = "edm2_uncertainty"
     changes_objective = True
+    importance_sampler = False  # no 1/p correction: the sampling distribution is part of the objective
     needs_losses = True
     num_bins = 50  # u is piecewise constant over 50 equal-width timestep bins (EDM2: a smooth MLP of log sigma)
 

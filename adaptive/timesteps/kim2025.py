@@ -102,6 +102,7 @@ def pearson_scores(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class Kim2025Sampler(TimestepSampler):
     name = "kim2025"
     changes_objective = True
+    importance_sampler = False  # no 1/p correction: the sampling distribution is part of the objective
     conditional = True  # draws t per sample from x0: the loop calls sample_conditional per micro-batch
 
     def __init__(self, num_timesteps, device="cpu", tables=None, cfg=None):

@@ -64,6 +64,7 @@ class SpeeDSampler(TimestepSampler):
 
     name = "speed"
     changes_objective = True
+    importance_sampler = False  # no 1/p correction: the sampling distribution is part of the objective
 
     def __init__(self, num_timesteps, device="cpu", tables=None, cfg=None):
         super().__init__(num_timesteps, device, tables, cfg)

@@ -1,0 +1,166 @@
+"""`adaptive` (ours): an online loss-balanced objective, optimised with variance-aware stratified importance sampling.
+
+Statistics (from the per-sample losses gathered from all ranks, identical on every rank, on the device):
+  m1_b, m2_b = running means of L and L^2 in timestep bin b (L = the configured objective's per-sample loss).
+Objective (explicit, see docs/adaptive.md):
+  lambda_b = m1_b^-beta / mean_b'(m1_b'^-beta)          (beta = --adaptive_balance; 0 = the configured objective)
+  J = (1/T) sum_t lambda_b(t) E[L_t]                     at its fixed point every bin contributes ~equally (beta = 1)
+Sampling (unbiased for J):
+  q_b = lambda_b sqrt(m2_b)   (RMS of the weighted loss: a per-sample gradient-norm proxy, Katharopoulos & Fleuret 2018)
+  p_b = (1 - eps) q_b / sum q + eps / B;  t = stratified inverse-CDF draw over bins, uniform within the bin
+  weight = lambda_b(t) / (B p_b(t)),  so that E_t~p[weight L_t] = J exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import TimestepSampler
+
+
+def balance_weights(m1: torch.Tensor, beta: float) -> torch.Tensor:
+    """lambda_b = m1_b^-beta normalised to mean 1 over bins (EDM2's balance e^-u with e^u = E[L] when beta = 1)."""
+    lam = m1.clamp_min(1e-12).pow(-beta)
+    return lam / lam.mean()
+
+
+def proposal(lam: torch.Tensor, m2: torch.Tensor, uniform_mix: float) -> torch.Tensor:
+    """p_b proportional to lambda_b sqrt(E[L_b^2]) with a uniform floor (variance-optimal for norm-proportional gradients)."""
+    q = lam * m2.clamp_min(0).sqrt()
+    q = torch.where(torch.isfinite(q), q, torch.zeros_like(q))
+    total = q.sum()
+    q = torch.where(total > 0, q / total.clamp_min(1e-30), torch.full_like(q, 1.0 / q.numel()))
+    return (1 - uniform_mix) * q + uniform_mix / q.numel()
+
+
+def stratified_bins(p: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """n draws from p [B] by inverse CDF at stratified uniforms (i + U_i) / n, then randomly permuted."""
+    dev = generator.device
+    u = (torch.arange(n, device=dev) + torch.rand(n, generator=generator, device=dev)) / n
+    cdf = torch.cumsum(p.to(dev).double(), 0)
+    cdf = cdf / cdf[-1]
+    b = torch.searchsorted(cdf, u.double(), right=True).clamp_max(p.numel() - 1)
+    return b[torch.randperm(n, generator=generator, device=dev)]
+
+
+class AdaptiveSampler(TimestepSampler):
+    name = "adaptive"
+    needs_losses = True
+
+    def __init__(self, num_timesteps, device="cpu", tables=None, cfg=None):
+        super().__init__(num_timesteps, device, tables, cfg)
+        get = lambda k, d: getattr(cfg, k, d) if cfg is not None else d  # noqa: E731
+        self.num_bins = get("adaptive_bins", 100)
+        if num_timesteps % self.num_bins:
+            raise ValueError(f"--adaptive_bins {self.num_bins} must divide the number of timesteps {num_timesteps}")
+        self.width = num_timesteps // self.num_bins
+        self.beta = float(get("adaptive_balance", 1.0))
+        self.uniform_mix = float(get("adaptive_uniform_mix", 0.1))
+        self.rate = float(get("adaptive_ema", 0.05))
+        self.warmup = int(get("adaptive_warmup_steps", 20))
+        self.stratified = bool(get("adaptive_stratified", True))
+        self.changes_objective = self.beta != 0
+        self.m1 = torch.zeros(self.num_bins, device=self.device)  # running mean of L per bin
+        self.m2 = torch.zeros(self.num_bins, device=self.device)  # running mean of L^2 per bin
+        self.hits = torch.zeros(self.num_bins, device=self.device)  # samples seen per bin
+        self.updates = 0
+        self._cache = None
+
+    # -- the current proposal -------------------------------------------------------------------------------------
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lambda [B], p [B]) - recomputed after each update, cached otherwise."""
+        if self._cache is None:
+            if self.updates < self.warmup:
+                ones = torch.ones(self.num_bins, device=self.device)
+                self._cache = (ones, ones / self.num_bins)
+            else:
+                lam = balance_weights(self.m1, self.beta)
+                self._cache = (lam, proposal(lam, self.m2, self.uniform_mix))
+        return self._cache
+
+    def probabilities(self):
+        _, p = self._tables()
+        return (p / self.width).repeat_interleave(self.width)
+
+    def objective_weights(self) -> torch.Tensor:
+        """[T]: the declared objective's weight relative to the configured one (lambda_b(t))."""
+        lam, _ = self._tables()
+        return lam.repeat_interleave(self.width)
+
+    def weight_of(self, t):
+        lam, p = self._tables()
+        b = t // self.width
+        return lam[b] / (self.num_bins * p[b])
+
+    def sample(self, batch_size, device, generator):
+        _, p = self._tables()
+        if self.stratified:
+            b = stratified_bins(p, batch_size, generator)
+        else:
+            b = torch.multinomial(p.to(generator.device), batch_size, replacement=True, generator=generator)
+        t = b * self.width + torch.randint(0, self.width, (batch_size,), generator=generator, device=generator.device)
+        t = t.to(self.device)
+        return t.to(device), self.weight_of(t).to(device)
+
+    # -- learning ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def update(self, t, loss):
+        t = t.to(self.device)
+        loss = loss.detach().float().to(self.device)
+        loss = torch.where(torch.isfinite(loss), loss, torch.zeros_like(loss)).clamp(max=1e6)
+        b = t // self.width
+        n = torch.zeros(self.num_bins, device=self.device).index_add_(0, b, torch.ones_like(loss))
+        s1 = torch.zeros(self.num_bins, device=self.device).index_add_(0, b, loss)
+        s2 = torch.zeros(self.num_bins, device=self.device).index_add_(0, b, loss.square())
+        hit = n > 0
+        # per-hit EMA: a bin seen k times this step moves by 1 - (1 - rate)^k towards this step's mean
+        alpha = torch.where(self.hits > 0, 1 - (1 - self.rate) ** n, torch.ones_like(n))
+        alpha = torch.where(hit, alpha, torch.zeros_like(alpha))
+        mean1, mean2 = s1 / n.clamp_min(1), s2 / n.clamp_min(1)
+        self.m1 += alpha * (mean1 - self.m1)
+        self.m2 += alpha * (mean2 - self.m2)
+        self.hits += n
+        if self.updates + 1 >= self.warmup:
+            self._fill_unseen()
+        self.updates += 1
+        self._cache = None
+
+    def _fill_unseen(self) -> None:
+        """Bins never hit take the nearest seen bin's statistics (only possible early or with tiny batches)."""
+        seen = self.hits > 0
+        idx = torch.arange(self.num_bins, device=self.device)
+        seen_idx = torch.where(seen, idx, torch.full_like(idx, -10**6))
+        left = torch.cummax(seen_idx, 0).values
+        right_src = torch.where(seen, idx, torch.full_like(idx, 10**6)).flip(0)
+        right = torch.cummin(right_src, 0).values.flip(0)
+        nearest = torch.where((idx - left) <= (right - idx), left, right).clamp(0, self.num_bins - 1)
+        self.m1 = torch.where(seen, self.m1, self.m1[nearest])
+        self.m2 = torch.where(seen, self.m2, self.m2[nearest])
+
+    # -- state and diagnostics -----------------------------------------------------------------------------------
+    def state_dict(self):
+        return {"m1": self.m1.clone(), "m2": self.m2.clone(), "hits": self.hits.clone(), "updates": self.updates}
+
+    def load_state_dict(self, state):
+        self.m1 = state["m1"].to(self.device).clone()
+        self.m2 = state["m2"].to(self.device).clone()
+        self.hits = state["hits"].to(self.device).clone()
+        self.updates = int(state["updates"])
+        self._cache = None
+
+    def effective_weights(self):
+        return super().effective_weights() * self.objective_weights()
+
+    def diagnostics(self):
+        from .base import bin_mean
+
+        d = super().diagnostics()
+        d["loss_mean_by_t"] = bin_mean(self.m1.repeat_interleave(self.width))
+        return d
+
+    def describe(self):
+        return {**super().describe(), "balance": self.beta, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
+                "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified,
+                "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
+                              f"{self.beta:g} (online, EDM2-style balance)") if self.beta else
+                "configured objective E_t~U[w(t) MSE_t], unbiased"}

@@ -1,0 +1,269 @@
+"""Frechet distance, KID and precision/recall properties; evaluate_fid.py on generated images with a tiny TorchScript
+feature network made here (no Inception weights, no clean-fid statistics, nothing from ../shared)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adaptive.fid import (array_features, feature_stats, files_features, frechet_distance,
+                          kernel_inception_distance, precision_recall, save_stats)
+
+from conftest import run_cli, write_images
+
+METRIC_KEYS = {"proxy_fd", "kid", "precision", "recall", "num_images", "feature_extractor", "mode", "reference",
+               "sampler", "num_inference_steps", "samples"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure metrics.
+
+
+def test_fd_of_a_set_with_itself_is_zero_and_fd_is_symmetric():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(500, 8)) @ rng.normal(size=(8, 8))
+    b = rng.normal(1.0, 2.0, size=(400, 8))
+    mu_a, s_a = feature_stats(a)
+    mu_b, s_b = feature_stats(b)
+    assert abs(frechet_distance(mu_a, s_a, mu_a, s_a)) < 1e-6
+    ab, ba = frechet_distance(mu_a, s_a, mu_b, s_b), frechet_distance(mu_b, s_b, mu_a, s_a)
+    assert ab > 1 and ab == pytest.approx(ba, rel=1e-6)
+
+
+def _closed_form(mu1, s1, mu2, s2):
+    """FD of N(mu1, diag s1) and N(mu2, diag s2): ||mu1 - mu2||^2 + sum_i (s1_i + s2_i - 2 sqrt(s1_i s2_i))."""
+    return float(((mu1 - mu2) ** 2).sum() + (s1 + s2 - 2 * np.sqrt(s1 * s2)).sum())
+
+
+def test_fd_of_diagonal_gaussians_has_the_closed_form_value():
+    mu1, mu2 = np.array([0.0, 1.0, -2.0, 0.5]), np.array([1.0, 1.0, 0.0, -0.5])
+    s1, s2 = np.array([1.0, 4.0, 0.25, 2.0]), np.array([2.0, 1.0, 0.25, 0.5])
+    expected = _closed_form(mu1, s1, mu2, s2)  # 6 + (3 - 2 sqrt 2) + 1 + 0 + (2.5 - 2) = 7.6716
+    assert frechet_distance(mu1, np.diag(s1), mu2, np.diag(s2)) == pytest.approx(expected, rel=1e-9)
+    # ... and, within sampling error, from features drawn from those Gaussians.
+    rng = np.random.default_rng(1)
+    f1 = mu1 + np.sqrt(s1) * rng.normal(size=(50_000, 4))
+    f2 = mu2 + np.sqrt(s2) * rng.normal(size=(50_000, 4))
+    assert frechet_distance(*feature_stats(f1), *feature_stats(f2)) == pytest.approx(expected, abs=0.08)
+
+
+def test_kid_matches_clean_fid_and_is_about_zero_for_one_distribution():
+    from cleanfid.fid import kernel_distance
+
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(300, 8)), rng.normal(size=(300, 8))
+
+    def kid(a, b):
+        return kernel_inception_distance(a, b, num_subsets=5)
+
+    # With N <= max_subset_size every subset is the whole set (permuted), so clean-fid's random subsets do not matter.
+    assert kid(x, y + 0.3) == pytest.approx(kernel_distance(x, y + 0.3, num_subsets=5), rel=1e-9)
+    shifted = kid(x, y + 0.5)
+    assert shifted > 0.5
+    assert abs(kid(x, y)) < 0.05 * shifted
+    assert abs(kid(x, x)) < 0.1 * shifted  # the unbiased estimator on one set: ~ -O(1/N)
+
+
+def test_precision_recall_of_identical_and_of_far_apart_sets():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(200, 16))
+    assert precision_recall(x, x, k=3) == (1.0, 1.0)
+    assert precision_recall(x, x + 100.0, k=3) == (0.0, 0.0)
+    p, r = precision_recall(x, 0.5 * rng.normal(size=(200, 16)), k=3)  # a narrower fake set: precise, low recall
+    assert p > 0.9 and r < 0.6
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A tiny TorchScript feature network and image sets.
+
+
+class TinyFeatures(torch.nn.Module):
+    """[N, 3, H, W] in [0, 255] -> [N, 16]: the proxy-network contract (shared/eval/README.md), at toy size."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.interpolate(x / 127.5 - 1.0, size=(8, 8), mode="bilinear", antialias=True, align_corners=False)
+        return torch.tanh(self.conv(x)).mean(dim=(2, 3))
+
+
+@pytest.fixture(scope="module")
+def extractor(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("net") / "tiny-features.pt"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script's deprecation notice
+        torch.jit.script(TinyFeatures().eval()).save(str(path))
+    return path
+
+
+def write_noise(folder: Path, n: int, size: int = 32, high: int = 60, seed: int = 5) -> Path:
+    """Dark uniform-noise images: a distribution far from write_images' smooth colour fields."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, high, (size, size, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sets")
+    return {"a": write_images(root / "a", n_per_class=20), "b": write_images(root / "b", n_per_class=20, seed=1),
+            "noise": write_noise(root / "noise", 40)}
+
+
+def _evaluate(*args: str) -> int:
+    from evaluate_fid import main
+
+    return main([*map(str, args), "--num_workers", "0", "--device", "cpu"])
+
+
+def test_array_and_file_pipelines_give_the_same_features(sets, extractor):
+    from PIL import Image
+
+    files = sorted(str(p) for p in sets["a"].rglob("*.png"))[:12]
+    arrays = np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
+        net = torch.jit.load(str(extractor)).eval()
+    for mode in ("clean", "legacy_tensorflow"):
+        a = files_features(files, net, mode=mode, batch_size=5)
+        b = array_features(arrays, net, mode=mode, batch_size=5)
+        assert a.shape == (12, 16) and np.array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# evaluate_fid.py.
+
+
+@pytest.mark.slow
+def test_evaluate_fid_end_to_end_writes_complete_metrics(tmp_path, sets, extractor):
+    """A folder scored against itself as the reference: proxy FD ~ 0, P = R = 1; every metrics.json key present."""
+    out = tmp_path / "metrics.json"
+    proc = run_cli("evaluate_fid.py", ["--samples", str(sets["a"]), "--num_images", "40", "--feature_extractor",
+                                       str(extractor), "--ref_dir", str(sets["a"]), "--output", str(out),
+                                       "--cache_dir", str(tmp_path / "cache"), "--num_workers", "0", "--device", "cpu"])
+    m = json.loads(out.read_text())
+    assert METRIC_KEYS <= set(m) and "fid" not in m
+    assert abs(m["proxy_fd"]) < 1e-6 and m["precision"] == m["recall"] == 1.0 and abs(m["kid"]) < 0.05
+    assert m["num_images"] == 40 and m["feature_extractor"] == "tiny-features.pt" and m["mode"] == "clean"
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("proxy_fd=") and "(40 images, tiny-features.pt, clean, ref=" in line
+
+
+def test_fd_grows_with_distribution_shift_and_make_ref_is_reused(tmp_path, sets, extractor, capsys):
+    common = ["--num_images", "40", "--feature_extractor", extractor, "--cache_dir", tmp_path / "cache"]
+    fd = {}
+    for name in ("b", "noise"):
+        out = tmp_path / f"{name}.json"
+        assert _evaluate("--samples", sets["a"], "--ref_dir", sets[name], "--output", out, *common) == 0
+        fd[name] = json.loads(out.read_text())["proxy_fd"]
+    assert 0 < fd["b"] < fd["noise"] / 10
+
+    # --make_ref writes statistics with features; --ref_stats then gives the same numbers as --ref_dir.
+    stats = tmp_path / "ref.npz"
+    assert _evaluate("--make_ref", "--ref_dir", sets["noise"], "--ref_stats", stats, *common) == 0
+    assert str(stats) in capsys.readouterr().out
+    assert _evaluate("--samples", sets["a"], "--ref_stats", stats, "--output", tmp_path / "s.json", *common) == 0
+    by_stats, by_dir = json.loads((tmp_path / "s.json").read_text()), json.loads((tmp_path / "noise.json").read_text())
+    for key in ("proxy_fd", "kid", "precision", "recall"):
+        assert by_stats[key] == pytest.approx(by_dir[key], rel=1e-6, abs=1e-9)
+
+    # Statistics without features: FD only; KID and P/R are null with a reason.
+    feats = np.random.default_rng(0).normal(size=(50, 16))
+    save_stats(tmp_path / "mu_sigma.npz", *feature_stats(feats))
+    assert _evaluate("--samples", sets["a"], "--ref_stats", tmp_path / "mu_sigma.npz", "--output", tmp_path / "n.json",
+                     *common) == 0
+    m = json.loads((tmp_path / "n.json").read_text())
+    assert m["proxy_fd"] > 0 and m["kid"] is None and m["precision"] is None and "features" in m["null_reasons"]["kid"]
+
+
+def test_reference_from_a_dataset_equals_the_same_images_as_files(tmp_path, sets, extractor, monkeypatch):
+    from PIL import Image
+
+    import adaptive.data
+
+    arr = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in sorted(sets["a"].rglob("*.png"))])
+    monkeypatch.setattr(adaptive.data, "open_entries", lambda cfg: adaptive.data.ArrayEntries(arr, "fake dataset"))
+    out = tmp_path / "m.json"
+    assert _evaluate("--samples", sets["a"], "--num_images", "40", "--feature_extractor", extractor, "--ref_dataset",
+                     "fake", "--cache_dir", tmp_path / "cache", "--output", out) == 0
+    m = json.loads(out.read_text())
+    assert abs(m["proxy_fd"]) < 1e-6 and m["reference"] == "fake dataset" and m["reference_num_images"] == 40
+
+
+def test_evaluate_fid_scores_sample_npz_with_its_sampling_record(tmp_path, sets, extractor):
+    from PIL import Image
+
+    run = tmp_path / "samples"
+    run.mkdir()
+    arr = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in sorted(sets["a"].rglob("*.png"))])
+    np.savez(run / "samples.npz", arr_0=arr)
+    (run / "sampling.json").write_text(json.dumps({"sampler": "ddpm (ancestral)", "num_inference_steps": 100}))
+    assert _evaluate("--samples", run / "samples.npz", "--num_images", "40", "--feature_extractor", extractor,
+                     "--ref_dir", sets["a"], "--cache_dir", tmp_path / "cache") == 0
+    m = json.loads((run / "metrics.json").read_text())
+    assert abs(m["proxy_fd"]) < 1e-6  # the npz holds the reference's pixels: same pipeline, same features
+    assert m["sampler"] == "ddpm (ancestral)" and m["num_inference_steps"] == 100
+
+
+def _one_line_error(capsys, *args) -> str:
+    assert _evaluate(*args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("evaluate_fid.py: error: ") and "\n" not in err
+    return err
+
+
+def test_evaluate_fid_bad_input_gives_one_line_errors(tmp_path, sets, extractor, capsys):
+    ext = ["--feature_extractor", extractor, "--cache_dir", tmp_path / "cache"]
+    assert "does not exist" in _one_line_error(capsys, "--samples", tmp_path / "nope", "--ref_dir", sets["a"], *ext)
+    (tmp_path / "empty").mkdir()
+    assert "no images" in _one_line_error(capsys, "--samples", tmp_path / "empty", "--ref_dir", sets["a"], *ext)
+    err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "50", "--ref_dir", sets["a"], *ext)
+    assert "holds 40 images" in err and "50" in err
+
+    broken = write_noise(tmp_path / "broken", 3)
+    (broken / "0001.png").write_bytes(b"not a png")
+    err = _one_line_error(capsys, "--samples", broken, "--num_images", "3", "--ref_dir", sets["a"], *ext)
+    assert "0001.png" in err
+
+    mixed = write_noise(tmp_path / "mixed", 3)
+    write_noise(mixed / "small", 1, size=16)
+    err = _one_line_error(capsys, "--samples", mixed, "--num_images", "4", "--ref_dir", sets["a"], *ext)
+    assert "32x32" in err and "16x16" in err
+
+    small = write_noise(tmp_path / "small", 40, size=16)
+    err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "40", "--ref_dir", small, *ext)
+    assert "16x16" in err and "32x32" in err
+
+    err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "40", *ext)
+    assert "--ref_dir" in err and "Inception" in err
+
+
+def test_missing_inception_weights_say_where_to_put_them(tmp_path, sets, capsys, monkeypatch):
+    import socket
+
+    import adaptive.fid
+
+    def offline(*args, **kwargs):
+        raise OSError("offline")
+
+    where = str(tmp_path / "inception-2015-12-05.pt")
+    monkeypatch.setattr(adaptive.fid, "INCEPTION_FILE", where)
+    monkeypatch.setattr(socket, "create_connection", offline)
+    err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "40")
+    assert where in err and "--feature_extractor" in err

@@ -1,0 +1,207 @@
+"""Never lose training: exact resume (1 and 2 ranks), SIGTERM, SIGKILL anywhere, corrupt checkpoints, export, Hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from adaptive.checkpoint import MANIFEST, load_object_state, verify_checkpoint
+
+from conftest import ACCELERATE, ROOT, run_cli, tiny_args
+
+pytestmark = pytest.mark.slow
+
+STATEFUL = ["--timestep_sampler", "adaptive", "--adaptive_warmup_steps", "2", "--logging_steps", "1",
+            "--save_images_steps", "none", "--lr_warmup_steps", "2"]
+
+
+def same_state(a: Path, b: Path) -> None:
+    """Parameters, optimizer, EMA and timestep-sampler state bit-identical."""
+    for name in ("model.safetensors", "ema.safetensors"):
+        ta, tb = load_file(str(a / name)), load_file(str(b / name))
+        assert ta.keys() == tb.keys()
+        for k in ta:
+            assert torch.equal(ta[k], tb[k]), (name, k)
+    sa, sb = load_object_state(a / "training_state.pt"), load_object_state(b / "training_state.pt")
+    for k in ("m1", "m2", "hits"):
+        assert torch.equal(sa["sampler"][k], sb["sampler"][k]), k
+    assert sa["progress"]["step"] == sb["progress"]["step"] and sa["ema_num_updates"] == sb["ema_num_updates"]
+    oa = torch.load(a / "optimizer.bin", weights_only=True)["state"]
+    ob = torch.load(b / "optimizer.bin", weights_only=True)["state"]
+    for k in oa:
+        assert torch.equal(oa[k]["exp_avg_sq"], ob[k]["exp_avg_sq"])
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_exact_resume_is_bit_identical(tmp_path, image_folder, nproc):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_cli("train_accelerate.py", tiny_args(image_folder, straight, *STATEFUL, "--max_train_steps", "6",
+                                             "--checkpointing_steps", "3"), nproc=nproc)
+    run_cli("train_accelerate.py", tiny_args(image_folder, split, *STATEFUL, "--max_train_steps", "3",
+                                             "--checkpointing_steps", "3"), nproc=nproc)
+    proc = run_cli("train_accelerate.py", tiny_args(image_folder, split, *STATEFUL, "--max_train_steps", "6",
+                                                    "--checkpointing_steps", "3", "--resume_from_checkpoint", "latest"),
+                   nproc=nproc)
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    same_state(straight / "checkpoint-6", split / "checkpoint-6")
+    same_state(straight / "checkpoint-3", split / "checkpoint-3")
+    # the run log of the resumed run matches the straight one (records after the resume point were rewritten)
+    recs = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, (d / "stats.jsonl").read_text().splitlines())  # noqa: E731
+                      if "loss" in r]
+    assert recs(split) == recs(straight)
+    if nproc == 2:
+        names = {p.name for p in (split / "checkpoint-6").iterdir()}
+        assert {"random_states_0.pkl", "random_states_1.pkl"} <= names
+
+
+def start(args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "train_accelerate.py", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout: float = 120.0, proc: subprocess.Popen | None = None) -> None:
+    t0 = time.time()
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.stdout.read()[-3000:]}")
+        if time.time() - t0 > timeout:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def last_step(run: Path) -> int:
+    f = run / "stats.jsonl"
+    if not f.exists():
+        return 0
+    steps = [json.loads(l)["step"] for l in f.read_text().splitlines() if l.strip().endswith("}")]
+    return max(steps, default=0)
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_zero(tmp_path, image_folder):
+    run = tmp_path / "run"
+    args = tiny_args(image_folder, run, *STATEFUL, "--max_train_steps", "100000", "--checkpointing_steps", "100000")
+    proc = start(args)
+    wait_for(lambda: last_step(run) >= 3, proc=proc)
+    seen = last_step(run)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    assert time.time() - t0 < 20
+    ckpts = sorted(run.glob("checkpoint-*"))
+    assert len(ckpts) == 1 and verify_checkpoint(ckpts[0]) is None
+    step = int(ckpts[0].name.split("-")[1])
+    assert seen <= step <= seen + 3  # finished the step in flight (logging lags by at most a step or two)
+    assert f"stopping after step {step}: received SIGTERM" in out
+    assert not (run / "model_index.json").exists()  # preempted: no export, just the checkpoint
+    proc2 = run_cli("train_accelerate.py", args[:args.index("--max_train_steps")] + STATEFUL +
+                    ["--max_train_steps", str(step + 2), "--checkpointing_steps", "100000", "--resume_from_checkpoint", "latest"])
+    assert f"at step {step}" in proc2.stdout and (run / f"checkpoint-{step + 2}").is_dir()
+
+
+def test_sigkill_at_random_points_then_resume_matches_the_straight_run(tmp_path, image_folder):
+    steps = ["--max_train_steps", "10", "--checkpointing_steps", "2"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_cli("train_accelerate.py", tiny_args(image_folder, straight, *STATEFUL, *steps))
+    args = tiny_args(image_folder, killed, *STATEFUL, *steps, "--resume_from_checkpoint", "latest")
+    rng = random.Random(1234)
+    # 1) kill while a checkpoint is half written (the fault hook widens the window between write and manifest)
+    proc = start(args, {"ADAPTIVE_TEST_CHECKPOINT_PAUSE": "30"})
+    wait_for(lambda: any(killed.glob(".checkpoint-*.tmp")), proc=proc)
+    proc.kill()
+    proc.wait()
+    partial = next(killed.glob(".checkpoint-*.tmp"))
+    assert not any(killed.glob("checkpoint-*"))  # nothing that looks like a valid checkpoint
+    # 2) kills at random moments (start-up, training, checkpointing)
+    for _ in range(3):
+        proc = start(args)
+        wait_for(lambda: last_step(killed) >= 1 or proc.poll() is not None, proc=None)
+        time.sleep(rng.uniform(0.0, 2.0))
+        proc.kill()
+        proc.wait()
+    # 3) a checkpoint corrupted on disk is skipped with a warning
+    ckpts = sorted(killed.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if ckpts:
+        newest = ckpts[-1]
+        (newest / "model.safetensors").write_bytes(b"\0" * (newest / "model.safetensors").stat().st_size)
+    proc = run_cli("train_accelerate.py", args)
+    if ckpts:
+        assert f"warning: skipping {newest.name}: model.safetensors is corrupt" in proc.stdout
+    assert "done:" in proc.stdout
+    same_state(straight / "checkpoint-10", killed / "checkpoint-10")
+    assert not partial.exists() or partial.name.startswith(".")
+
+
+def test_explicit_corrupt_or_partial_checkpoint_is_refused(tmp_path, image_folder):
+    run = tmp_path / "run"
+    run_cli("train_accelerate.py", tiny_args(image_folder, run, *STATEFUL, "--max_train_steps", "2", "--checkpointing_steps", "2"))
+    (run / "checkpoint-2" / MANIFEST).unlink()
+    proc = run_cli("train_accelerate.py", tiny_args(image_folder, run, *STATEFUL, "--max_train_steps", "4",
+                                                    "--resume_from_checkpoint", str(run / "checkpoint-2")), check=False)
+    assert proc.returncode == 2
+    assert "is not a valid checkpoint: no manifest.json (incomplete write)" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_checkpoints_total_limit_keeps_the_newest(tmp_path, image_folder):
+    run = tmp_path / "run"
+    run_cli("train_accelerate.py", tiny_args(image_folder, run, *STATEFUL, "--max_train_steps", "5",
+                                             "--checkpointing_steps", "1", "--checkpoints_total_limit", "2"))
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-5"]
+    assert not any(run.glob(".checkpoint-*"))
+
+
+def test_export_round_trip_through_ddpm_pipeline(tmp_path, image_folder):
+    from diffusers import DDPMPipeline
+
+    run = tmp_path / "run"
+    run_cli("train_accelerate.py", tiny_args(image_folder, run, "--max_train_steps", "3", "--save_images_steps", "none"))
+    pipe = DDPMPipeline.from_pretrained(run)
+    assert (run / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+    ema = load_file(str(run / "checkpoint-3" / "ema.safetensors"))
+    for k, v in pipe.unet.state_dict().items():
+        assert torch.equal(v, ema[k]), k  # the exported U-Net is the EMA
+    images = pipe(batch_size=2, num_inference_steps=3, generator=torch.Generator().manual_seed(0), output_type="np").images
+    assert images.shape == (2, 16, 16, 3) and images.min() >= 0 and images.max() <= 1
+    card = (run / "README.md").read_text()
+    assert "DDPMPipeline.from_pretrained" in card and "timestep sampler | uniform" in card and "optimizer steps | 3" in card
+
+
+def test_hub_push_end_to_end_with_retry_and_no_token_anywhere(tmp_path, image_folder):
+    from test_hub import FakeHub
+
+    hub = FakeHub().start()
+    hub.fail_commits, hub.fail_status = 1, 409  # the first commit fails; the uploader retries
+    token = "hf_SecretTokenValue0123456789"
+    run = tmp_path / "run"
+    try:
+        proc = run_cli("train_accelerate.py", tiny_args(
+            image_folder, run, "--max_train_steps", "2", "--checkpointing_steps", "1", "--push_to_hub",
+            "--hub_model_id", "someone/tiny-ddpm", "--hub_token", token, "--hub_private_repo"),
+            env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
+                 "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    finally:
+        hub.stop()
+    assert "retrying" in proc.stdout and "hub: pushed" in proc.stdout
+    assert hub.repos["someone/tiny-ddpm"]["private"] is True
+    assert hub.repos["someone/tiny-ddpm"]["authorization"] == f"Bearer {token}"
+    files = set(hub.commits[-1]["files"])
+    expected = {"model_index.json", "unet/config.json", "unet/diffusion_pytorch_model.safetensors",
+                "scheduler/scheduler_config.json", "README.md", "config.json", "timestep_p.png",
+                "samples/grid_0000002.png"}
+    assert files == expected
+    assert not any(f.startswith("checkpoint") for c in hub.commits for f in c["files"])
+    for p in run.rglob("*"):
+        if p.is_file():
+            assert token.encode() not in p.read_bytes(), p
+    assert token not in proc.stdout + proc.stderr

@@ -1,0 +1,135 @@
+"""sample.py: one seed per image, so the images equal Diffusers' DDPMPipeline with per-image generators and do not
+depend on the batch size, the number of processes or on resuming."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from adaptive.sampling import shard
+
+from conftest import run_cli
+
+STEPS = 4  # respaced DDPM ancestral sampling: 4 of the scheduler's 1000 steps
+SEED_OFFSET = 100
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    """A tiny DDPMPipeline (8 px UNet2DModel, default 1000-step DDPMScheduler) saved as a training run would be."""
+    from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=8, block_out_channels=(32, 32), layers_per_block=1, norm_num_groups=8,
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+    path = tmp_path_factory.mktemp("model") / "pipeline"
+    DDPMPipeline(unet=unet, scheduler=DDPMScheduler()).save_pretrained(str(path))
+    return path
+
+
+def _sample(model_path: Path, out: Path, *extra: str) -> int:
+    from sample import main
+
+    return main(["--model_path", str(model_path), "--output_dir", str(out), "--num_inference_steps", str(STEPS),
+                 "--seed_offset", str(SEED_OFFSET), "--mixed_precision", "no", *map(str, extra)])
+
+
+def _pngs(out: Path) -> dict[str, np.ndarray]:
+    from PIL import Image
+
+    return {p.name: np.asarray(Image.open(p)) for p in sorted((out / "images").glob("*.png"))}
+
+
+@pytest.fixture(scope="module")
+def batch4(model_path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("samples") / "b4"
+    assert _sample(model_path, out, "--num_images", 9, "--batch_size", 4, "--npz") == 0
+    return out
+
+
+def test_images_equal_diffusers_pipeline_with_per_image_generators(model_path, batch4):
+    from diffusers import DDPMPipeline
+
+    pipe = DDPMPipeline.from_pretrained(str(model_path))
+    pipe.set_progress_bar_config(disable=True)
+    seeds = [SEED_OFFSET + i for i in range(9)]
+    ref = pipe(batch_size=9, generator=[torch.Generator().manual_seed(s) for s in seeds], num_inference_steps=STEPS,
+               output_type="np").images
+    ref = (ref * 255).round().astype(np.uint8)  # DDPMPipeline.numpy_to_pil's rounding
+    imgs = _pngs(batch4)
+    assert list(imgs) == [f"{i:06d}.png" for i in range(9)]
+    assert np.array_equal(np.stack(list(imgs.values())), ref)
+    assert ref.std() > 10  # not a degenerate (constant) image set
+    with np.load(batch4 / "samples.npz") as z:
+        assert z["arr_0"].dtype == np.uint8 and np.array_equal(z["arr_0"], ref)
+    info = json.loads((batch4 / "sampling.json").read_text())
+    assert info["complete"] and info["sampler"] == "ddpm (ancestral)" and info["num_inference_steps"] == STEPS
+    assert info["num_images"] == 9 and info["seed_offset"] == SEED_OFFSET and info["world_size"] == 1
+    assert (batch4 / "grid.png").is_file()
+
+
+def test_batch_size_does_not_change_the_images(model_path, batch4, tmp_path):
+    assert _sample(model_path, tmp_path / "b7", "--num_images", 9, "--batch_size", 7) == 0
+    a, b = _pngs(batch4), _pngs(tmp_path / "b7")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("n,world", [(0, 2), (1, 2), (7, 2), (9, 4), (10, 3), (64, 8)])
+def test_shards_cover_every_index_once(n, world):
+    parts = []
+    for rank in range(world):
+        mine, real = shard(list(range(n)), rank, world)
+        parts.append(mine[:real])
+    assert sum(parts, []) == list(range(n))
+    assert all(p == list(range(p[0], p[0] + len(p))) for p in parts if p)  # contiguous chunks
+
+
+def test_resume_generates_only_missing_images_and_refuses_other_settings(model_path, batch4, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "resume"
+    shutil.copytree(batch4, out)
+    for i in (2, 5):
+        (out / "images" / f"{i:06d}.png").unlink()
+    assert _sample(model_path, out, "--num_images", 11, "--batch_size", 4) == 0
+    info = json.loads((out / "sampling.json").read_text())
+    assert info["generated"] == 4 and info["num_images"] == 11  # 2 deleted + 2 new
+    assert _pngs(out).keys() == {f"{i:06d}.png" for i in range(11)}
+    assert all(np.array_equal(v, _pngs(batch4)[k]) for k, v in _pngs(batch4).items())
+
+    capsys.readouterr()
+    assert _sample(model_path, out, "--num_images", 11, "--scheduler", "ddim") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sample.py: error: ") and "scheduler" in err and "--overwrite" in err and "\n" not in err
+
+    assert _sample(model_path, out, "--num_images", 3, "--scheduler", "ddim", "--overwrite") == 0
+    info = json.loads((out / "sampling.json").read_text())
+    assert info["sampler"] == "ddim (deterministic, NOT the DDPM protocol)" and info["generated"] == 3
+    assert len(_pngs(out)) == 3
+
+
+def test_bad_arguments_are_one_line_errors(model_path, tmp_path, capsys):
+    assert _sample(tmp_path / "no-model", tmp_path / "o", "--num_images", 1) == 2
+    assert "cannot load a DDPMPipeline" in capsys.readouterr().err
+    from sample import main
+
+    assert main(["--model_path", str(model_path), "--output_dir", str(tmp_path / "o"), "--num_inference_steps",
+                 "1001"]) == 2
+    assert "between 1 and the model's 1000" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_processes_write_the_same_images_as_one(model_path, batch4, tmp_path):
+    out = tmp_path / "two"
+    args = ["--model_path", str(model_path), "--output_dir", str(out), "--num_inference_steps", str(STEPS),
+            "--seed_offset", str(SEED_OFFSET), "--num_images", "9", "--batch_size", "3", "--npz"]
+    run_cli("sample.py", args, nproc=2)
+    assert json.loads((out / "sampling.json").read_text())["world_size"] == 2
+    a, b = _pngs(batch4), _pngs(out)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    with np.load(out / "samples.npz") as z, np.load(batch4 / "samples.npz") as y:
+        assert np.array_equal(z["arr_0"], y["arr_0"])
