@@ -328,27 +328,38 @@ def export_pipeline(accelerator, cfg: TrainConfig, unet, noise_scheduler, progre
 # The loop.
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train as configured; returns a summary (final step, train seconds, why it stopped)."""
-    # Check the output folder and the data source before anything starts (bad input: one line, nothing touched).
-    from tqdm.auto import tqdm
+@dataclass
+class Run:
+    """Everything one optimizer step works with, built once by `setup` (also used by benchmarks/compare_methods.py
+    to time each method's real step side by side)."""
 
-    launcher_rank = int(os.environ.get("RANK", "0"))
+    cfg: TrainConfig
+    accelerator: object
+    layout: Layout
+    data: object
+    unet: torch.nn.Module  # the bare U-Net (model is its DDP/accelerate wrapper)
+    model: torch.nn.Module
+    noise_scheduler: object
+    tables: DiffusionTables
+    sampler: object
+    ema: Optional[EMA]
+    phema: Optional[PowerEMAs]
+    optimizer: object
+    lr_scheduler: object
+    max_steps: int
+    progress: Progress = field(default_factory=Progress)
+    stats: Stats = field(default_factory=Stats)
+    hook_ctx: SimpleNamespace = field(default_factory=SimpleNamespace)
 
-    def log(msg: str) -> None:
-        if launcher_rank == 0:
-            tqdm.write(msg, file=sys.stdout)
-            sys.stdout.flush()
 
-    resume_from = check_output_dir(cfg, log)
-    entries = open_entries(cfg)
-
+def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=None) -> Run:
+    """Accelerator, data on the device, model, noise schedule, EMA, optimizer, LR schedule, timestep sampler."""
     # Set up the accelerator and load the data onto the device.
     accelerator = make_accelerator(cfg)
     cfg.mixed_precision = accelerator.mixed_precision
     is_main, rank, world = accelerator.is_main_process, accelerator.process_index, accelerator.num_processes
     device = accelerator.device
-    accelerator.wait_for_everyone()  # every rank has checked before anything is written
+    accelerator.wait_for_everyone()  # every rank has checked its input before anything is written
     layout = Layout(cfg.train_batch_size, world, cfg.gradient_accumulation_steps)
     with accelerator.main_process_first():
         data = load_train_data(cfg, layout, rank, device, entries, log)
@@ -382,9 +393,85 @@ def train(cfg: TrainConfig) -> dict:
                                  num_training_steps=max_steps)
     model, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     phema = PowerEMAs(unet, cfg.ema_snapshots).to(device) if cfg.ema_snapshots else None
-    progress = Progress()
-    state = TrainState(progress, sampler, ema, phema)
-    state.register(accelerator)
+    run = Run(cfg, accelerator, layout, data, unet, model, noise_scheduler, tables, sampler, ema, phema, optimizer,
+              lr_scheduler, max_steps)
+    run.hook_ctx = SimpleNamespace(accelerator=accelerator, autocast=accelerator.autocast, seed=cfg.seed, model=unet)
+    TrainState(run.progress, sampler, ema, phema).register(accelerator)
+    return run
+
+
+def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
+    """One optimizer step over this rank's micro-batches; returns (local per-sample losses [accum * B], grad norm)."""
+    cfg, accelerator, layout, sampler, tables = run.cfg, run.accelerator, run.layout, run.sampler, run.tables
+    device, rank, model = accelerator.device, accelerator.process_index, run.model
+
+    # Draw this optimizer step's global timesteps, weights and noise (identical on every rank; each takes its slice).
+    g = generator(device, cfg.seed, "step", step)
+    sampler.begin_step(step)
+    if not sampler.conditional:
+        t_all, w_all = sampler.sample(layout.global_batch, device, g)  # [G]
+    noise_all = torch.randn((layout.global_batch, 3, cfg.resolution, cfg.resolution), generator=g, device=device)
+    torch.manual_seed(seed_for(cfg.seed, "dropout", rank, step))  # dropout masks: (seed, rank, step)
+
+    # Evaluate the loss and accumulate gradients over the micro-batches.
+    local_losses, local_t = [], []
+    for micro, x0 in enumerate(micro_batches):
+        sl = layout.slice(micro, rank)
+        if sampler.conditional:  # t depends on this rank's x0 (kim2025)
+            t, w = sampler.sample_conditional(x0, generator(device, cfg.seed, "t", step, micro, rank))
+        else:
+            t, w = t_all[sl], w_all[sl]
+        noise = noise_all[sl]
+        sa, s1 = tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]
+        with accelerator.accumulate(model):
+            x_t = q_sample(x0, noise, sa, s1)  # [B, 3, S, S]
+            if cfg.channels_last:
+                x_t = x_t.contiguous(memory_format=torch.channels_last)
+            pred = model(x_t, t).sample
+            loss_b = tables.weight[t] * per_sample_mse(pred, training_target(cfg.prediction_type, x0, noise, sa, s1))
+            accelerator.backward(sampler.loss(t, w, loss_b).mean())
+        local_losses.append(loss_b.detach())
+        local_t.append(t)
+        run.stats.report_binned("loss_by_t", t * DIAGNOSTIC_BINS // cfg.ddpm_num_steps, loss_b, DIAGNOSTIC_BINS)
+
+    # Optimizer step, LR schedule, EMA, timestep-sampler update.
+    sampler.before_optimizer_step(run.hook_ctx)
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None
+    run.optimizer.step()
+    run.lr_scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    sampler.after_optimizer_step(run.hook_ctx)
+    if run.ema is not None:
+        run.ema.update(run.unet)
+    if run.phema is not None:
+        run.phema.update(run.unet)
+    losses = torch.cat(local_losses)
+    if sampler.needs_losses:
+        sampler.update(*gather_for_sampler(accelerator, layout, losses, torch.cat(local_t),
+                                           None if sampler.conditional else t_all))
+    return losses, grad_norm
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train as configured; returns a summary (final step, train seconds, why it stopped)."""
+    # Check the output folder and the data source before anything starts (bad input: one line, nothing touched).
+    from tqdm.auto import tqdm
+
+    launcher_rank = int(os.environ.get("RANK", "0"))
+
+    def log(msg: str) -> None:
+        if launcher_rank == 0:
+            tqdm.write(msg, file=sys.stdout)
+            sys.stdout.flush()
+
+    resume_from = check_output_dir(cfg, log)
+    entries = open_entries(cfg)
+
+    # Build everything: accelerator, data, model, EMA, optimizer, LR schedule, timestep sampler.
+    run = setup(cfg, log, resume_from, entries)
+    accelerator, layout, data, sampler, progress = run.accelerator, run.layout, run.data, run.sampler, run.progress
+    ema, phema, model, noise_scheduler, max_steps = run.ema, run.phema, run.model, run.noise_scheduler, run.max_steps
+    is_main, world, device, out = accelerator.is_main_process, accelerator.num_processes, accelerator.device, Path(cfg.output_dir)
 
     # Resume, or start a new run.
     stats_file = JsonlWriter(out / "stats.jsonl", is_main)
@@ -394,7 +481,7 @@ def train(cfg: TrainConfig) -> dict:
         log(f"resumed from {resume_from} at step {progress.step}")
     elif is_main:
         (out / "stats.jsonl").unlink(missing_ok=True)
-    num_params = count_parameters(unet)
+    num_params = count_parameters(run.unet)
     info = run_info(accelerator, cfg, layout, num_params, data)
     if is_main:
         (out / "config.json").write_text(cfg.to_json())
@@ -412,8 +499,8 @@ def train(cfg: TrainConfig) -> dict:
         f"weighting={cfg.loss_weighting}")
 
     # Training loop.
-    stats = Stats()
-    hook_ctx = SimpleNamespace(accelerator=accelerator, autocast=accelerator.autocast, seed=cfg.seed, model=None)
+    stats = run.stats
+    sampling_unet = ema.model if ema else run.unet  # previews, evaluation and export use the EMA weights
     p_history: list[tuple[int, list[float]]] = []  # (step, p(t) in HEATMAP_BINS bins) at every log step
     control = StopControl(world, cfg.max_train_minutes * 60 if cfg.max_train_minutes else None)
     batches = data.batches(progress.step)
@@ -425,53 +512,9 @@ def train(cfg: TrainConfig) -> dict:
     last_checkpoint = resume_from and progress.step
     while progress.step < max_steps:
         t_step = time.perf_counter()
-        step = progress.step
 
-        # Draw this optimizer step's global timesteps, weights and noise (identical on every rank; each takes its slice).
-        g = generator(device, cfg.seed, "step", step)
-        sampler.begin_step(step)
-        if not sampler.conditional:
-            t_all, w_all = sampler.sample(layout.global_batch, device, g)  # [G]
-        noise_all = torch.randn((layout.global_batch, 3, cfg.resolution, cfg.resolution), generator=g, device=device)
-        torch.manual_seed(seed_for(cfg.seed, "dropout", rank, step))  # dropout masks: (seed, rank, step)
-
-        # Evaluate the loss and accumulate gradients over the micro-batches.
-        local_losses, local_t = [], []
-        for micro, x0 in enumerate(next(batches)):
-            sl = layout.slice(micro, rank)
-            if sampler.conditional:  # t depends on this rank's x0 (kim2025)
-                t, w = sampler.sample_conditional(x0, generator(device, cfg.seed, "t", step, micro, rank))
-            else:
-                t, w = t_all[sl], w_all[sl]
-            noise = noise_all[sl]
-            sa, s1 = tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]
-            with accelerator.accumulate(model):
-                x_t = q_sample(x0, noise, sa, s1)
-                if cfg.channels_last:
-                    x_t = x_t.contiguous(memory_format=torch.channels_last)
-                pred = model(x_t, t).sample
-                loss_b = tables.weight[t] * per_sample_mse(pred, training_target(cfg.prediction_type, x0, noise, sa, s1))
-                accelerator.backward(sampler.loss(t, w, loss_b).mean())
-            local_losses.append(loss_b.detach())
-            local_t.append(t)
-            stats.report_binned("loss_by_t", t * DIAGNOSTIC_BINS // cfg.ddpm_num_steps, loss_b, DIAGNOSTIC_BINS)
-
-        # Optimizer step, LR schedule, EMA, timestep-sampler update.
-        hook_ctx.model = accelerator.unwrap_model(model)
-        sampler.before_optimizer_step(hook_ctx)
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        sampler.after_optimizer_step(hook_ctx)
-        if ema is not None:
-            ema.update(accelerator.unwrap_model(model))
-        if phema is not None:
-            phema.update(accelerator.unwrap_model(model))
-        losses = torch.cat(local_losses)
-        if sampler.needs_losses:
-            sampler.update(*gather_for_sampler(accelerator, layout, losses, torch.cat(local_t),
-                                               None if sampler.conditional else t_all))
+        # One optimizer step: timesteps, noise, loss, backward, update, EMA, timestep-sampler update.
+        losses, grad_norm = optimizer_step(run, progress.step, next(batches))
         progress.step += 1
         progress.images_seen += layout.global_batch
         window_images += layout.global_batch
@@ -484,10 +527,10 @@ def train(cfg: TrainConfig) -> dict:
         # Statistics: one collective and one host sync per log step.
         if progress.step % cfg.logging_steps == 0 or progress.step == max_steps:
             values = stats.flush(accelerator)
-            values.update(sampler_diagnostics(sampler, p_history, progress.step))
+            values.update(sampler_diagnostics(run.sampler, p_history, progress.step))
             now = progress.train_seconds
             record = {"step": progress.step, "images": progress.images_seen, "train_seconds": round(progress.train_seconds, 3),
-                      "lr": lr_scheduler.get_last_lr()[0], "img_per_s": window_images / max(now - window_t0, 1e-9),
+                      "lr": run.lr_scheduler.get_last_lr()[0], "img_per_s": window_images / max(now - window_t0, 1e-9),
                       "world_size": world, **values}
             window_t0, window_images = now, 0
             stats_file.write(record)
@@ -500,7 +543,7 @@ def train(cfg: TrainConfig) -> dict:
 
         # Evaluate: FID / proxy FD of the EMA model, logged with the training wall-clock (its own time excluded).
         if evaluator is not None and evaluator.due(progress.step):
-            metrics = evaluator(ema.model if ema else accelerator.unwrap_model(model), noise_scheduler.config)
+            metrics = evaluator(sampling_unet, noise_scheduler.config)
             if metrics:
                 record = {"step": progress.step, "images": progress.images_seen,
                           "train_seconds": round(progress.train_seconds, 3), **metrics}
@@ -514,7 +557,7 @@ def train(cfg: TrainConfig) -> dict:
         stop = control.should_stop(progress.train_seconds)
         done = stop or progress.step >= max_steps
         if cfg.save_images_steps and progress.step % cfg.save_images_steps == 0 and not done:
-            preview_grid(accelerator, cfg, ema.model if ema else accelerator.unwrap_model(model), noise_scheduler, progress.step)
+            preview_grid(accelerator, cfg, sampling_unet, noise_scheduler, progress.step)
             save_heatmap(accelerator, cfg, p_history)
         if phema is not None and progress.step % cfg.ema_snapshot_steps == 0 and is_main:
             phema.save_snapshots(out / "ema_snapshots")
@@ -527,8 +570,7 @@ def train(cfg: TrainConfig) -> dict:
             if uploader is not None and cfg.push_checkpoints:
                 uploader.push(out, f"checkpoint at step {progress.step}")
         if cfg.save_model_steps and progress.step % cfg.save_model_steps == 0 and not done:
-            export_pipeline(accelerator, cfg, ema.model if ema else accelerator.unwrap_model(model), noise_scheduler,
-                            progress, info, last_metrics)
+            export_pipeline(accelerator, cfg, sampling_unet, noise_scheduler, progress, info, last_metrics)
             if uploader is not None:
                 uploader.push(out, f"pipeline at step {progress.step}")
         if stop:
@@ -541,15 +583,14 @@ def train(cfg: TrainConfig) -> dict:
 
     # Final sample grid and DDPMPipeline export (skipped when preempted: the checkpoint is what matters then).
     preempted = bool(stop_reason) and not stop_reason.startswith("--max_train_minutes")
-    final_unet = ema.model if ema else accelerator.unwrap_model(model)
     if last_checkpoint != progress.step:
         save_checkpoint(accelerator, out, progress.step, cfg.to_dict(), cfg.checkpoints_total_limit)
     if not preempted:
         if phema is not None and is_main and progress.step % cfg.ema_snapshot_steps != 0:
             phema.save_snapshots(out / "ema_snapshots")
-        grid = preview_grid(accelerator, cfg, final_unet, noise_scheduler, progress.step)
+        grid = preview_grid(accelerator, cfg, sampling_unet, noise_scheduler, progress.step)
         save_heatmap(accelerator, cfg, p_history)
-        export_pipeline(accelerator, cfg, final_unet, noise_scheduler, progress, {**info, "grid": grid}, last_metrics)
+        export_pipeline(accelerator, cfg, sampling_unet, noise_scheduler, progress, {**info, "grid": grid}, last_metrics)
         if uploader is not None:
             uploader.push(out, f"final pipeline at step {progress.step}")
     if uploader is not None:
