@@ -1,0 +1,448 @@
+#!/usr/bin/env python
+"""Equal-cost comparison of timestep methods on the CPU proxy protocol (shared/benchmark/PROTOCOL.md).
+
+    python benchmarks/compare_methods.py --seeds 0 1 2                # full protocol, every method (hours)
+    python benchmarks/compare_methods.py --methods uniform adaptive --seeds 0
+    python benchmarks/compare_methods.py --quick                      # CI smoke test on generated data (minutes)
+    python benchmarks/compare_methods.py --report_only --out docs/benchmarks/methods/2026-11-30
+
+1. Cost: each method's real optimizer step (adaptive.loop.optimizer_step) is timed side by side with uniform in ONE
+   process, in interleaved blocks (median of 5 blocks of 40 steps, after warm-up): c_m = time_m / time_uniform.
+2. Training: each (method, seed) is a real `train_accelerate.py --preset cpu-tiny16` run for 2000 / c_m steps with the
+   in-training proxy-FD evaluation at 500/c_m, 1000/c_m, ... (c_m <= 1.02 counts as 1, as the protocol allows).
+   Runs execute in the background `--parallel` at a time (one thread each), checkpoint every 250 steps, and resume
+   when the benchmark is started again; finished runs are reused.
+3. Report: results.json (every raw number, command, commit, versions, machine), fd_vs_time.png, README.md table.
+   Rows of one table must share the code of everything but the methods (a hash of the tracked files outside
+   adaptive/timesteps/); rows measured with other code are left out and listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHARED = ROOT.parent / "shared"
+PROTOCOL_DATA = SHARED / "datasets" / "cifar10-jpeg" / "train.zip"
+PROTOCOL_FEATURES = SHARED / "eval" / "cifar10-proxy-features.pt"
+BUDGET = 2000  # uniform-equivalent optimizer steps
+EVAL_POINTS = (500, 1000, 1250, 1500, 1750, 2000)
+METHODS = {  # method -> train_accelerate.py flags
+    "uniform": [],
+    "min_snr": ["--loss_weighting", "min_snr"],
+    "p2": ["--loss_weighting", "p2"],
+    "iddpm": ["--timestep_sampler", "iddpm"],
+    "speed": ["--timestep_sampler", "speed"],
+    "edm2_uncertainty": ["--timestep_sampler", "edm2_uncertainty"],
+    "kim2025": ["--timestep_sampler", "kim2025"],
+    "adaptive": ["--timestep_sampler", "adaptive"],
+}
+COST_FREE = 1.02  # cost ratios up to this use the uniform step counts (PROTOCOL.md)
+
+
+# ------------------------------------------------------------------------------------------------ provenance
+
+
+def git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        return ""
+
+
+def code_hash() -> str:
+    """Hash of the tracked code outside adaptive/timesteps/ (working-tree contents): what rows of a table must share."""
+    h = hashlib.sha256()
+    for f in sorted(git("ls-files").splitlines()):
+        if f.endswith(".py") and not f.startswith(("adaptive/timesteps/", "tests/", "benchmarks/")):
+            p = ROOT / f
+            if p.exists():
+                h.update(f.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def machine() -> dict:
+    model = platform.processor()
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except Exception:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform()}
+
+
+def versions() -> dict:
+    import accelerate
+    import diffusers
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
+            "accelerate": accelerate.__version__}
+
+
+# ------------------------------------------------------------------------------------------------ 1. cost ratios
+
+
+def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
+                  extra: list[str]) -> dict:
+    """Median per-step time of each method's real optimizer step over interleaved blocks, relative to uniform."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from adaptive.config import replace, resolve_config
+    from adaptive.losses import DiffusionTables
+    from adaptive.loop import optimizer_step, setup
+    from adaptive.timesteps import build_sampler
+    from train_accelerate import parse_args
+
+    work = ROOT / "benchmarks" / "_work" / "cost"
+    base = resolve_config(parse_args(["--preset", "cpu-tiny16", "--train_data_dir", str(data), "--output_dir", str(work),
+                                      "--overwrite_output_dir", "--logger", "none", *extra]))
+    run = setup(base, lambda m: None)
+    device = run.accelerator.device
+    variants = {}
+    for m in methods:
+        cfg = resolve_config(parse_args(["--preset", "cpu-tiny16", "--train_data_dir", str(data), "--output_dir",
+                                         str(work), "--logger", "none", *extra, *METHODS[m]]))
+        tables = DiffusionTables.build(run.noise_scheduler.alphas_cumprod, cfg, device)
+        variants[m] = (replace(base, **{k: getattr(cfg, k) for k in ("timestep_sampler", "loss_weighting")}), tables,
+                       build_sampler(cfg, device, tables))
+    batches = run.data.batches(0)
+    step = 0
+
+    def timed(m: str, n: int) -> float:
+        nonlocal step
+        run.cfg, run.tables, run.sampler = variants[m]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            optimizer_step(run, step, next(batches))
+            step += 1
+        return (time.perf_counter() - t0) / n
+
+    for m in methods:  # warm-up every method (caches, allocator, first-update costs)
+        timed(m, warmup)
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for b in range(blocks):
+        order = methods if b % 2 == 0 else list(reversed(methods))  # alternate order against drift
+        for m in order:
+            times[m].append(timed(m, block_steps))
+    med = {m: statistics.median(v) for m, v in times.items()}
+    ref = med.get("uniform") or statistics.median(times[methods[0]])
+    return {m: {"seconds_per_step": med[m], "blocks": times[m], "cost_ratio": med[m] / ref} for m in methods}
+
+
+# ------------------------------------------------------------------------------------------------ 2. training runs
+
+
+def run_dir(work: Path, method: str, seed: int) -> Path:
+    return work / f"{method}_seed{seed}"
+
+
+def plan(method: str, cost_ratio: float, budget: int, points: tuple[int, ...]) -> tuple[int, list[int]]:
+    c = 1.0 if cost_ratio <= COST_FREE else cost_ratio
+    return max(1, round(budget / c)), sorted({max(1, round(p / c)) for p in points})
+
+
+def train_command(method: str, seed: int, out: Path, steps: int, evals: list[int], args) -> list[str]:
+    cmd = [sys.executable, str(ROOT / "train_accelerate.py"), "--preset", "cpu-tiny16", "--train_data_dir", str(args.data),
+           "--output_dir", str(out), "--seed", str(seed), "--logger", "none", "--max_train_steps", str(steps),
+           "--eval_at_steps", ",".join(map(str, evals)), "--eval_feature_extractor", str(args.feature_extractor),
+           "--checkpointing_steps", str(args.checkpointing_steps), "--checkpoints_total_limit", "1",
+           "--save_images_steps", str(max(evals)), "--resume_from_checkpoint", "latest", *args.extra, *METHODS[method]]
+    if args.mode == "wallclock":
+        cmd += ["--max_train_minutes", str(args.budget_minutes)]
+    return cmd
+
+
+def read_run(out: Path) -> dict:
+    recs = [json.loads(l) for l in (out / "stats.jsonl").read_text().splitlines()] if (out / "stats.jsonl").exists() else []
+    evals = [r for r in recs if "proxy_fd" in r or "fid" in r]
+    steps = max((r["step"] for r in recs), default=0)
+    return {"evals": [{"step": r["step"], "fd": r.get("proxy_fd", r.get("fid")), "train_seconds": r["train_seconds"]}
+                      for r in evals], "steps": steps}
+
+
+def run_all(jobs: list[tuple[str, int, list[str], Path]], parallel: int, threads: int, log) -> None:
+    """Run the training commands `parallel` at a time; logs go to <run>/benchmark.log."""
+    pending, running = list(jobs), []
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+           "PYTHONUNBUFFERED": "1"}
+    while pending or running:
+        while pending and len(running) < parallel:
+            name, seed, cmd, out = pending.pop(0)
+            out.mkdir(parents=True, exist_ok=True)
+            logf = open(out / "benchmark.log", "a")
+            log(f"start {name} seed {seed}: {out}")
+            running.append((name, seed, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), logf))
+        time.sleep(2)
+        for item in list(running):
+            name, seed, proc, logf = item
+            if proc.poll() is not None:
+                logf.close()
+                running.remove(item)
+                log(f"{'done' if proc.returncode == 0 else f'FAILED ({proc.returncode})'} {name} seed {seed}")
+
+
+# ------------------------------------------------------------------------------------------------ 3. report
+
+
+def interpolate_crossing(xs: list[float], ys: list[float], target: float) -> float | None:
+    """First x (linear interpolation between points) where y falls to <= target; None if never."""
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if y <= target:
+            if i == 0:
+                return x
+            x0, y0 = xs[i - 1], ys[i - 1]
+            return x0 + (x - x0) * (y0 - target) / (y0 - y) if y0 != y else x
+    return None
+
+
+def aggregate(rows: list[dict], budget: int, points: tuple[int, ...]) -> dict:
+    """Per method: mean/std FD at each uniform-equivalent point, time to uniform's final FD, speed-up."""
+    by_method: dict[str, list[dict]] = {}
+    for r in rows:
+        by_method.setdefault(r["method"], []).append(r)
+    summary = {}
+    for m, rs in by_method.items():
+        c = rs[0]["cost_ratio_used"]
+        curve = []
+        for p in points:
+            vals = [e["fd"] for r in rs for e in r["evals"] if e["step"] == max(1, round(p / c))]
+            if len(vals) == len(rs):
+                curve.append({"equiv_step": p, "mean": statistics.fmean(vals),
+                              "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "n": len(vals), "values": vals})
+        minutes = [statistics.fmean([e["train_seconds"] for r in rs for e in r["evals"] if e["step"] == max(1, round(p["equiv_step"] / c))]) / 60
+                   for p in curve]
+        summary[m] = {"cost_ratio": rs[0]["cost_ratio"], "cost_ratio_used": c, "seeds": sorted(r["seed"] for r in rs),
+                      "curve": curve, "minutes": minutes,
+                      "steps_reached": [r["steps"] for r in rs]}
+    if "uniform" in summary and summary["uniform"]["curve"] and summary["uniform"]["curve"][-1]["equiv_step"] == budget:
+        target = summary["uniform"]["curve"][-1]["mean"]
+        for m, s in summary.items():
+            xs = [p["equiv_step"] for p in s["curve"]]
+            ys = [p["mean"] for p in s["curve"]]
+            cross = interpolate_crossing(xs, ys, target)
+            s["target_fd"] = target
+            s["equiv_steps_to_target"] = cross
+            s["speedup"] = budget / cross if cross else None
+    return summary
+
+
+def write_plot(summary: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
+    for m, s in sorted(summary.items()):
+        if not s["curve"]:
+            continue
+        xs = [p["equiv_step"] for p in s["curve"]]
+        mean = [p["mean"] for p in s["curve"]]
+        lo = [min(p["values"]) for p in s["curve"]]
+        hi = [max(p["values"]) for p in s["curve"]]
+        style = dict(lw=2.5, color="black") if m == "adaptive" else dict(lw=1.3)
+        line, = axes[0].plot(xs, mean, marker="o", ms=3, label=f"{m} (c={s['cost_ratio']:.2f})", **style)
+        axes[0].fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+        axes[1].plot(s["minutes"], mean, marker="o", ms=3, color=line.get_color(), label=m, lw=style["lw"])
+    axes[0].set_xlabel("uniform-equivalent optimizer steps (equal cost)")
+    axes[1].set_xlabel("training minutes (mean over seeds; noisy machine)")
+    for ax in axes:
+        ax.set_ylabel("CPU proxy FD (lower is better)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
+    lines = [f"# Timestep methods at equal cost - CPU proxy protocol ({meta['date']})", "",
+             "CPU proxy FD (not FID) of the EMA model, 1,000 images, 50-step DDPM ancestral sampling, "
+             f"`cpu-tiny16`, budget {budget} uniform-equivalent steps; mean +- std over training seeds "
+             f"{', '.join(map(str, meta['seeds']))}. Protocol: `shared/benchmark/PROTOCOL.md`. "
+             f"Raw numbers: `results.json`; plot: `fd_vs_time.png`.", "",
+             f"Command: `{meta['command']}`  ", f"Commit: `{meta['git_commit']}` (code hash `{meta['code_hash']}`), "
+             f"{meta['machine']['cpu']}, torch {meta['versions']['torch']}, diffusers {meta['versions']['diffusers']}", "",
+             "| method | FD at budget | steps run | uniform-equivalent steps to uniform's final FD | speed-up | cost ratio |",
+             "|---|---|---|---|---|---|"]
+    for m in sorted(summary, key=lambda k: (summary[k]["curve"][-1]["mean"] if summary[k]["curve"] else math.inf)):
+        s = summary[m]
+        fd = f"{s['curve'][-1]['mean']:.3f} +- {s['curve'][-1]['std']:.3f}" if s["curve"] and s["curve"][-1]["equiv_step"] == budget else "incomplete"
+        cross, speedup = s.get("equiv_steps_to_target"), s.get("speedup")
+        lines.append(f"| {m} | {fd} | {', '.join(map(str, s['steps_reached']))} | "
+                     f"{f'{cross:.0f}' if cross else 'not reached'} | {f'{speedup:.2f}x' if speedup else '-'} | "
+                     f"{s['cost_ratio']:.3f} |")
+    points = sorted({p["equiv_step"] for s in summary.values() for p in s["curve"]})
+    lines += ["", "FD at each evaluation point (uniform-equivalent steps; mean +- std):", "",
+              "| method | " + " | ".join(map(str, points)) + " |", "|---|" + "---|" * len(points)]
+    for m, s in sorted(summary.items()):
+        cells = {p["equiv_step"]: f"{p['mean']:.2f} +- {p['std']:.2f}" for p in s["curve"]}
+        lines.append(f"| {m} | " + " | ".join(cells.get(p, "-") for p in points) + " |")
+    if meta.get("excluded"):
+        lines += ["", "Left out (measured with other code): " + ", ".join(meta["excluded"])]
+    path.write_text("\n".join(lines) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--data", type=Path, default=PROTOCOL_DATA)
+    p.add_argument("--feature_extractor", type=Path, default=PROTOCOL_FEATURES)
+    p.add_argument("--out", type=Path, default=None, help="report folder (default docs/benchmarks/methods/<date>)")
+    p.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work" / "methods", help="run folders")
+    p.add_argument("--parallel", type=int, default=2, help="training runs at a time (one thread each)")
+    p.add_argument("--threads", type=int, default=1, help="threads per training run")
+    p.add_argument("--mode", choices=["steps", "wallclock"], default="steps",
+                   help="steps: equal cost via measured cost ratios (noisy machines); wallclock: --max_train_minutes")
+    p.add_argument("--budget_minutes", type=float, default=20.0, help="wallclock mode: minutes per run")
+    p.add_argument("--budget_steps", type=int, default=BUDGET)
+    p.add_argument("--checkpointing_steps", type=int, default=250)
+    p.add_argument("--cost_blocks", type=int, default=5)
+    p.add_argument("--cost_block_steps", type=int, default=40)
+    p.add_argument("--costs", type=Path, default=None, help="reuse cost ratios from a results.json")
+    p.add_argument("--report_only", action="store_true", help="only rebuild the report from finished runs")
+    p.add_argument("--quick", action="store_true", help="smoke test on generated data (CI)")
+    p.add_argument("extra", nargs="*", help="extra train_accelerate.py flags after --, applied to every run")
+    return p.parse_args(argv)
+
+
+def quick_setup(args) -> None:
+    """Generated images and a small TorchScript feature network, a few steps: exercises every stage in minutes."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    work = ROOT / "benchmarks" / "_work" / "quick"
+    (work / "data" / "a").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(64):
+        img = (rng.random((1, 1, 3)) * 255 + rng.normal(0, 20, (32, 32, 3))).clip(0, 255).astype("uint8")
+        Image.fromarray(img).save(work / "data" / "a" / f"{i:03d}.png")
+
+    class Feat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+
+        def forward(self, x):
+            x = torch.nn.functional.interpolate(x / 255.0, size=(16, 16), mode="bilinear", antialias=True)
+            return torch.relu(self.conv(x)).mean((2, 3))
+
+    torch.jit.script(Feat()).save(str(work / "feat.pt"))
+    args.data, args.feature_extractor = work / "data", work / "feat.pt"
+    args.work = work / "runs"
+    args.out = args.out or work / "report"
+    args.budget_steps = 8
+    args.seeds = args.seeds if args.seeds != [0, 1, 2] else [0]
+    args.methods = args.methods if args.methods != list(METHODS) else ["uniform", "adaptive"]
+    args.cost_blocks, args.cost_block_steps = 2, 2
+    args.checkpointing_steps = 4
+    args.extra = ["--train_batch_size", "16", "--eval_num_images", "32", "--eval_ref_num_images", "64",
+                  "--eval_inference_steps", "5", "--num_grid_images", "4", "--ddpm_num_inference_steps", "5",
+                  "--lr_warmup_steps", "2", "--logging_steps", "2", *args.extra]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        quick_setup(args)
+    for path, what in ((args.data, "--data"), (args.feature_extractor, "--feature_extractor")):
+        if not Path(path).exists():
+            print(f"compare_methods.py: error: {what} {path} does not exist", file=sys.stderr)
+            return 2
+    date = dt.date.today().isoformat()
+    out = args.out or ROOT / "docs" / "benchmarks" / "methods" / date
+    out.mkdir(parents=True, exist_ok=True)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    log = lambda m: print(f"[{dt.datetime.now():%H:%M:%S}] {m}", flush=True)  # noqa: E731
+    points = tuple(p for p in EVAL_POINTS if p <= args.budget_steps) if not args.quick else (4, 8)
+    results_file = out / "results.json"
+    previous = json.loads(results_file.read_text()) if results_file.exists() else {}
+    this_hash = code_hash()
+
+    # 1. Cost ratios (measured once per table unless given).
+    costs = previous.get("costs") if previous.get("code_hash") == this_hash else None
+    if args.costs:
+        costs = json.loads(args.costs.read_text())["costs"]
+    needed = sorted(set(args.methods) | {"uniform"}, key=list(METHODS).index)
+    if not args.report_only and (not costs or any(m not in costs for m in needed)):
+        log(f"measuring cost ratios of {', '.join(needed)} ({args.cost_blocks} interleaved blocks of {args.cost_block_steps} steps)")
+        costs = {**(costs or {}), **measure_costs(needed, args.data, args.cost_block_steps, args.cost_blocks,
+                                                  warmup=max(2, args.cost_block_steps // 2), threads=args.threads,
+                                                  extra=args.extra)}
+        log("cost ratios: " + ", ".join(f"{m} {c['cost_ratio']:.3f}" for m, c in costs.items()))
+    costs = costs or {}
+
+    # 2. Training runs (skipped when finished; resumed when partial).
+    jobs = []
+    for m in args.methods:
+        ratio = costs.get(m, {}).get("cost_ratio", 1.0)
+        steps, evals = plan(m, ratio, args.budget_steps, points)
+        for seed in args.seeds:
+            d = run_dir(work, m, seed)
+            done = read_run(d)
+            if {e["step"] for e in done["evals"]} >= set(evals):
+                continue
+            jobs.append((m, seed, train_command(m, seed, d, steps, evals, args), d))
+    if jobs and not args.report_only:
+        log(f"{len(jobs)} training runs, {args.parallel} at a time")
+        run_all(jobs, args.parallel, args.threads, log)
+
+    # 3. Report: rows from this and earlier invocations, if they share the code.
+    rows = {(r["method"], r["seed"]): r for r in previous.get("rows", []) if r.get("code_hash") == this_hash}
+    excluded = [f"{r['method']}/seed{r['seed']} ({r.get('git_commit', '?')[:8]})" for r in previous.get("rows", [])
+                if r.get("code_hash") != this_hash]
+    commit = git("rev-parse", "HEAD")
+    for m in args.methods:
+        ratio = costs.get(m, {}).get("cost_ratio", 1.0)
+        steps, evals = plan(m, ratio, args.budget_steps, points)
+        for seed in args.seeds:
+            d = run_dir(work, m, seed)
+            r = read_run(d)
+            if not r["evals"]:
+                continue
+            info = json.loads((d / "run_info.json").read_text()) if (d / "run_info.json").exists() else {}
+            rows[(m, seed)] = {"method": m, "seed": seed, "cost_ratio": ratio, "cost_ratio_used": 1.0 if ratio <= COST_FREE else ratio,
+                               "planned_steps": steps, "eval_steps": evals, **r, "git_commit": commit, "code_hash": this_hash,
+                               "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+                               "command": " ".join(train_command(m, seed, d, steps, evals, args)),
+                               "run_git_commit": info.get("git_commit")}
+    row_list = sorted(rows.values(), key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
+    summary = aggregate(row_list, args.budget_steps, points)
+    meta = {"date": date, "command": " ".join(["python", "benchmarks/compare_methods.py", *(argv or sys.argv[1:])]),
+            "git_commit": commit, "code_hash": this_hash, "machine": machine(), "versions": versions(),
+            "seeds": sorted({r["seed"] for r in row_list}), "mode": args.mode, "budget_steps": args.budget_steps,
+            "excluded": excluded, "protocol": "shared/benchmark/PROTOCOL.md"}
+    results_file.write_text(json.dumps({**meta, "costs": costs, "rows": row_list, "summary": summary}, indent=1))
+    if summary:
+        write_plot(summary, out / "fd_vs_time.png", f"CPU proxy FD vs cost - {date} - seeds {meta['seeds']}")
+        write_readme(summary, meta, out / "README.md", args.budget_steps)
+    log(f"report: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
