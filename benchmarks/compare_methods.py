@@ -273,7 +273,8 @@ def write_plot(summary: dict, path: Path, title: str) -> None:
 
 
 def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
-    lines = [f"# Timestep methods at equal cost - CPU proxy protocol ({meta['date']})", "",
+    quick = " - QUICK SMOKE TEST on generated data, numbers mean nothing" if meta.get("quick") else ""
+    lines = [f"# Timestep methods at equal cost - CPU proxy protocol ({meta['date']}){quick}", "",
              "CPU proxy FD (not FID) of the EMA model, 1,000 images, 50-step DDPM ancestral sampling, "
              f"`cpu-tiny16`, budget {budget} uniform-equivalent steps; mean +- std over training seeds "
              f"{', '.join(map(str, meta['seeds']))}. Protocol: `shared/benchmark/PROTOCOL.md`. "
@@ -310,7 +311,7 @@ def parse_args(argv=None):
     p.add_argument("--data", type=Path, default=PROTOCOL_DATA)
     p.add_argument("--feature_extractor", type=Path, default=PROTOCOL_FEATURES)
     p.add_argument("--out", type=Path, default=None, help="report folder (default docs/benchmarks/methods/<date>)")
-    p.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work" / "methods", help="run folders")
+    p.add_argument("--work", type=Path, default=None, help="run folders (default benchmarks/_work/methods)")
     p.add_argument("--parallel", type=int, default=2, help="training runs at a time (one thread each)")
     p.add_argument("--threads", type=int, default=1, help="threads per training run")
     p.add_argument("--mode", choices=["steps", "wallclock"], default="steps",
@@ -333,7 +334,7 @@ def quick_setup(args) -> None:
     import torch
     from PIL import Image
 
-    work = ROOT / "benchmarks" / "_work" / "quick"
+    work = args.work or ROOT / "benchmarks" / "_work" / "quick"
     (work / "data" / "a").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for i in range(64):
@@ -368,6 +369,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.quick:
         quick_setup(args)
+    args.work = args.work or ROOT / "benchmarks" / "_work" / "methods"
     for path, what in ((args.data, "--data"), (args.feature_extractor, "--feature_extractor")):
         if not Path(path).exists():
             print(f"compare_methods.py: error: {what} {path} does not exist", file=sys.stderr)
@@ -435,7 +437,7 @@ def main(argv=None) -> int:
     meta = {"date": date, "command": " ".join(["python", "benchmarks/compare_methods.py", *(argv or sys.argv[1:])]),
             "git_commit": commit, "code_hash": this_hash, "machine": machine(), "versions": versions(),
             "seeds": sorted({r["seed"] for r in row_list}), "mode": args.mode, "budget_steps": args.budget_steps,
-            "excluded": excluded, "protocol": "shared/benchmark/PROTOCOL.md"}
+            "excluded": excluded, "protocol": "shared/benchmark/PROTOCOL.md", "quick": args.quick}
     results_file.write_text(json.dumps({**meta, "costs": costs, "rows": row_list, "summary": summary}, indent=1))
     if summary:
         write_plot(summary, out / "fd_vs_time.png", f"CPU proxy FD vs cost - {date} - seeds {meta['seeds']}")

@@ -162,3 +162,12 @@ def test_edm2_uncertainty_learns_the_log_of_the_expected_loss():
     err = (sampler.u.detach() - expected)[5:]  # the steep first bins' average differs from the centre value
     assert err.abs().mean() < 0.08 and err.abs().max() < 0.3
     assert sampler.u.detach()[0] > sampler.u.detach()[-1] + 1.5  # large loss at small t -> large u
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_with_different_losses_hold_identical_sampler_state():
+    from conftest import run_cli
+
+    proc = run_cli("tests/helpers/rank_consistency.py", [], nproc=2)
+    assert proc.stdout.count(": OK") == 2
+    assert proc.stdout.count("state identical across ranks") == 6

@@ -1,0 +1,40 @@
+"""Run under 2 gloo ranks: samplers updated from gathered losses hold identical state; gather order is the draw order."""
+
+import sys
+
+import torch
+from accelerate import Accelerator
+
+from adaptive.config import PRESETS, TrainConfig
+from adaptive.data import Layout
+from adaptive.losses import DiffusionTables
+from adaptive.loop import gather_for_sampler
+from adaptive.model import build_noise_scheduler
+from adaptive.timesteps import build_sampler
+
+acc = Accelerator(cpu=True)
+rank, world = acc.process_index, acc.num_processes
+assert world == 2, world
+layout = Layout(batch_size=8, world_size=world, accum=2)
+for name in ("adaptive", "iddpm", "edm2_uncertainty"):
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "timestep_sampler": name, "adaptive_warmup_steps": 2})
+    tables = DiffusionTables.build(build_noise_scheduler(cfg).alphas_cumprod, cfg, "cpu")
+    sampler = build_sampler(cfg, "cpu", tables)
+    noise = torch.Generator().manual_seed(100 + rank)  # every rank sees different losses
+    for step in range(30):
+        t_all, _ = sampler.sample(layout.global_batch, "cpu", torch.Generator().manual_seed(step))
+        local_t, local_loss = [], []
+        for micro in range(layout.accum):
+            t = t_all[layout.slice(micro, rank)]
+            local_t.append(t)
+            local_loss.append(t.float() / 1000 + 0.01 * torch.rand(t.shape, generator=noise))
+        t_g, loss_g = gather_for_sampler(acc, layout, torch.cat(local_loss), torch.cat(local_t), t_all)
+        assert torch.equal(t_g, t_all)
+        assert torch.allclose(loss_g - t_all.float() / 1000, torch.zeros(()), atol=0.0101)  # same order as the draw
+        sampler.update(t_g, loss_g)
+    flat = torch.cat([v.flatten().float() for v in sampler.state_dict().values() if isinstance(v, torch.Tensor)])
+    everyone = acc.gather(flat[None])
+    assert torch.equal(everyone[0], everyone[1]), name
+    print(f"rank {rank}: {name} state identical across ranks ({flat.numel()} values)")
+acc.wait_for_everyone()
+print(f"rank {rank}: OK")

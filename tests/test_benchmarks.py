@@ -1,0 +1,54 @@
+"""benchmarks/: the method comparison's arithmetic, and its --quick smoke run end to end."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+sys.path.insert(0, str(__import__("conftest").ROOT / "benchmarks"))
+from compare_methods import aggregate, interpolate_crossing, plan  # noqa: E402
+
+
+def test_crossing_is_interpolated_between_evaluation_points():
+    assert interpolate_crossing([500, 1000, 1500], [10.0, 6.0, 2.0], 4.0) == pytest.approx(1250)
+    assert interpolate_crossing([500, 1000], [3.0, 2.0], 4.0) == 500
+    assert interpolate_crossing([500, 1000], [9.0, 8.0], 4.0) is None
+
+
+def test_budgets_scale_with_the_measured_cost_ratio():
+    assert plan("x", 1.01, 2000, (500, 2000)) == (2000, [500, 2000])  # <= 1.02 counts as 1 (protocol)
+    assert plan("x", 1.25, 2000, (500, 1000, 2000)) == (1600, [400, 800, 1600])
+
+
+def test_speedup_is_uniform_budget_over_steps_to_uniforms_final_fd():
+    rows = [{"method": "uniform", "seed": s, "cost_ratio": 1.0, "cost_ratio_used": 1.0, "steps": 2000,
+             "evals": [{"step": 1000, "fd": 8.0 + s, "train_seconds": 60}, {"step": 2000, "fd": 4.0 + s, "train_seconds": 120}]}
+            for s in (0, 1)]
+    rows += [{"method": "fast", "seed": s, "cost_ratio": 1.25, "cost_ratio_used": 1.25, "steps": 1600,
+              "evals": [{"step": 800, "fd": 4.5, "train_seconds": 60}, {"step": 1600, "fd": 3.0, "train_seconds": 120}]}
+             for s in (0, 1)]
+    summ = aggregate(rows, 2000, (1000, 2000))
+    assert summ["uniform"]["curve"][-1]["mean"] == pytest.approx(4.5) and summ["uniform"]["speedup"] == pytest.approx(1.0)
+    assert summ["fast"]["equiv_steps_to_target"] == pytest.approx(1000)  # reaches 4.5 at its first point
+    assert summ["fast"]["speedup"] == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_quick_mode_runs_every_stage(tmp_path):
+    from conftest import run_cli
+
+    out, work = tmp_path / "report", tmp_path / "work"
+    proc = run_cli("benchmarks/compare_methods.py", ["--quick", "--out", str(out), "--work", str(work)])
+    assert "cost ratios: uniform 1.000, adaptive" in proc.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert {r["method"] for r in res["rows"]} == {"uniform", "adaptive"}
+    assert all(len(r["evals"]) == 2 and r["git_commit"] and r["code_hash"] for r in res["rows"])
+    assert res["machine"]["cpu"] and res["versions"]["torch"]
+    assert (out / "fd_vs_time.png").stat().st_size > 1000
+    table = (out / "README.md").read_text()
+    assert "| uniform |" in table and "| adaptive |" in table and "QUICK SMOKE TEST" in table
+    # a second invocation reuses the finished runs and the measured costs
+    proc = run_cli("benchmarks/compare_methods.py", ["--quick", "--out", str(out), "--work", str(work)])
+    assert "training runs" not in proc.stdout and "measuring cost" not in proc.stdout
