@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser
+from adaptive.model import configure_attention
 
 GRID_IMAGES = 64
 IDENTITY_KEYS = ("model_path", "scheduler", "num_inference_steps", "seed_offset")  # what a resumed run must share
@@ -217,6 +218,7 @@ def run(args) -> dict:
 
     # Generate this rank's share.
     unet = pipe.unet.to(accelerator.device).eval().requires_grad_(False)
+    configure_attention(unet, "auto", accelerator.device.type)  # classic attention on the CPU (docs/performance.md)
     if accelerator.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     if args.compile:

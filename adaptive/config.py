@@ -104,6 +104,7 @@ class TrainConfig:
     # --- speed ---
     allow_tf32: bool = True  # TF32 matmuls/convolutions on Ampere+ GPUs
     channels_last: bool = False  # NHWC memory format for the U-Net
+    attention_impl: str = "auto"  # attention kernel: auto (classic on CPU, sdpa on GPU) | sdpa | classic
 
     # --- logging, previews, checkpoints ---
     logger: str = "tensorboard"  # tensorboard | wandb | none
@@ -230,6 +231,7 @@ CHOICES: dict[str, tuple] = {
     "ema_warmup": ("power", "ratio", "none"),
     "logger": ("tensorboard", "wandb", "none"),
     "eval_mode": ("clean", "legacy_tensorflow", "legacy_pytorch"),
+    "attention_impl": ("auto", "sdpa", "classic"),
 }
 
 

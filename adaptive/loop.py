@@ -24,7 +24,7 @@ from .control import StopControl
 from .data import Layout, load_train_data, open_entries
 from .ema import EMA
 from .losses import DiffusionTables, per_sample_mse, q_sample, training_target
-from .model import build_noise_scheduler, build_unet, count_parameters
+from .model import build_noise_scheduler, build_unet, configure_attention, count_parameters
 from .phema import PowerEMAs
 from .sampling import generate_distributed, save_grid
 from .seeding import generator, seed_for
@@ -375,7 +375,7 @@ def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=Non
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(seed_for(cfg.seed, "init"))  # identical initial weights on every rank
-    unet = build_unet(cfg)
+    unet = configure_attention(build_unet(cfg), cfg.attention_impl, device.type)
     if cfg.channels_last:
         unet = unet.to(memory_format=torch.channels_last)
     noise_scheduler = build_noise_scheduler(cfg)
