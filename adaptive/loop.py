@@ -391,8 +391,12 @@ def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=Non
 
     lr_scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.lr_warmup_steps,
                                  num_training_steps=max_steps)
-    model, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     phema = PowerEMAs(unet, cfg.ema_snapshots).to(device) if cfg.ema_snapshots else None
+    if cfg.gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+    if cfg.compile:
+        unet.compile()  # in place: the parameters and state_dict keys stay those of the bare U-Net
+    model, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     run = Run(cfg, accelerator, layout, data, unet, model, noise_scheduler, tables, sampler, ema, phema, optimizer,
               lr_scheduler, max_steps)
     run.hook_ctx = SimpleNamespace(accelerator=accelerator, autocast=accelerator.autocast, seed=cfg.seed, model=unet)

@@ -1,0 +1,261 @@
+#!/usr/bin/env python
+"""Training and sampling throughput: our loop vs the conventional Diffusers-example loop, side by side.
+
+    python benchmarks/throughput.py                      # presets cpu-tiny16 cpu-tiny ddpm-cifar10, sampling, methods
+    python benchmarks/throughput.py --quick              # a smoke run (CI)
+
+Each measurement is a fresh worker process (clean peak-memory numbers); ours and the reference alternate
+(A B A B ...) so that load changes on a shared machine hit both. Inside a worker: warm-up steps, then windows of
+steps, img/s per window, median. Outputs docs/benchmarks/throughput/<date>/{results.json,README.md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+PROTOCOL_DATA = ROOT.parent / "shared" / "datasets" / "cifar10-jpeg" / "train.zip"
+
+# CPU batch per preset for the training comparison (ddpm-cifar10's 128 would take minutes per step on a CPU).
+CPU_BATCH = {"cpu-tiny16": 128, "cpu-tiny": 128, "ddpm-cifar10": 16}
+
+
+def peak_memory_mb(device) -> float:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (Linux: KiB)
+
+
+def timed_windows(step, batch: int, warmup: int, windows: int, window_steps: int, sync) -> list[float]:
+    for _ in range(warmup):
+        step()
+    sync()
+    rates = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for _ in range(window_steps):
+            step()
+        sync()
+        rates.append(batch * window_steps / (time.perf_counter() - t0))
+    return rates
+
+
+def make_cfg(preset: str, data: Path, batch: int, extra: list[str]):
+    from adaptive.config import resolve_config
+    from train_accelerate import parse_args
+
+    work = ROOT / "benchmarks" / "_work" / "throughput" / f"{preset}-{os.getpid()}"
+    return resolve_config(parse_args(["--preset", preset, "--train_data_dir", str(data), "--output_dir", str(work),
+                                      "--overwrite_output_dir", "--logger", "none", "--train_batch_size", str(batch),
+                                      "--max_train_samples", "4096", *extra]))
+
+
+def worker(args) -> dict:
+    """One measurement in this process; returns img/s windows, peak memory and timings."""
+    import torch
+
+    cfg = make_cfg(args.preset, args.data, args.batch, args.extra)
+    t_build = time.perf_counter()
+    if args.worker == "train-ours":
+        from adaptive.loop import optimizer_step, setup
+
+        run = setup(cfg, lambda m: None)
+        device, batches, counter = run.accelerator.device, run.data.batches(0), iter(range(10**9))
+        step = lambda: optimizer_step(run, next(counter), next(batches))  # noqa: E731
+    elif args.worker == "train-conventional":
+        from conventional_loop import ConventionalLoop
+
+        loop = ConventionalLoop(cfg, args.data)
+        device, step = loop.accelerator.device, loop.step
+    else:  # sampling: ours (sample.py's path) vs DDPMPipeline out of the box, same model and steps
+        from diffusers import DDPMPipeline
+
+        from adaptive.model import build_noise_scheduler, build_unet, configure_attention
+        from adaptive.sampling import ddpm_sample
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        unet = build_unet(cfg).to(device).eval()
+        sched = build_noise_scheduler(cfg)
+        if args.worker == "sample-ours":
+            configure_attention(unet, "auto", device.type)
+            dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
+            autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
+            seeds = iter(range(10**9))
+            step = lambda: ddpm_sample(unet, sched.config, [next(seeds) for _ in range(args.batch)], args.sample_steps,  # noqa: E731
+                                       args.batch, device, **({"autocast": autocast} if autocast else {}))
+        else:
+            pipe = DDPMPipeline(unet=unet, scheduler=sched).to(device)
+            pipe.set_progress_bar_config(disable=True)
+            step = lambda: pipe(batch_size=args.batch, num_inference_steps=args.sample_steps, output_type="np")  # noqa: E731
+    t_build = time.perf_counter() - t_build
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    rates = timed_windows(step, args.batch, args.warmup, args.windows, args.window_steps, sync)
+    return {"img_per_s": statistics.median(rates), "windows": rates, "peak_memory_mb": peak_memory_mb(device),
+            "build_seconds": t_build, "device": str(device), "threads": torch.get_num_threads(),
+            "mixed_precision": cfg.mixed_precision if args.worker == "train-ours" else
+            ("no" if args.worker in ("train-conventional", "sample-pipeline") else cfg.mixed_precision)}
+
+
+def run_worker(kind: str, preset: str, data: Path, batch: int, args, extra=()) -> dict:
+    cmd = [sys.executable, __file__, "--worker", kind, "--preset", preset, "--data", str(data), "--batch", str(batch),
+           "--warmup", str(args.warmup), "--windows", str(args.windows), "--window_steps", str(args.window_steps),
+           "--sample_steps", str(args.sample_steps), "--", *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"worker {kind} {preset} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def side_by_side(a: str, b: str, preset: str, data: Path, batch: int, args, rounds: int, extra_a=(), extra_b=()) -> dict:
+    """Alternate worker processes a, b, a, b, ...; median img/s of each over all windows, and the ratio."""
+    res = {a: [], b: []}
+    for r in range(rounds):
+        for kind, extra in ((a, extra_a), (b, extra_b)) if r % 2 == 0 else ((b, extra_b), (a, extra_a)):
+            res[kind].append(run_worker(kind, preset, data, batch, args, extra))
+    out = {}
+    for kind, runs in res.items():
+        windows = [w for r in runs for w in r["windows"]]
+        out[kind] = {"img_per_s": statistics.median(windows), "windows": windows,
+                     "peak_memory_mb": max(r["peak_memory_mb"] for r in runs), "mixed_precision": runs[0]["mixed_precision"],
+                     "device": runs[0]["device"], "threads": runs[0]["threads"]}
+    out["speedup"] = out[a]["img_per_s"] / out[b]["img_per_s"]
+    return out
+
+
+def memory_table(data: Path, args) -> list[dict]:
+    """ddpm-cifar10: per-device batch x precision x gradient checkpointing -> peak memory and img/s (1 step windows)."""
+    rows = []
+    for batch in args.memory_batches:
+        for mp in ("no", "bf16"):
+            for ckpt in (False, True):
+                extra = ["--mixed_precision", mp] + (["--gradient_checkpointing"] if ckpt else [])
+                mini = argparse.Namespace(**{**vars(args), "warmup": 1, "windows": 1, "window_steps": 1})
+                r = run_worker("train-ours", "ddpm-cifar10", data, batch, mini, extra)
+                rows.append({"batch": batch, "mixed_precision": mp, "gradient_checkpointing": ckpt,
+                             "peak_memory_mb": r["peak_memory_mb"], "img_per_s": r["img_per_s"], "device": r["device"]})
+    return rows
+
+
+def write_readme(res: dict, path: Path) -> None:
+    L = [f"# Throughput ({res['date']}, {res['machine']})", "",
+         f"Command: `{res['command']}`; commit `{res['git_commit']}`; torch {res['versions']['torch']}. "
+         "img/s = median over windows after warm-up; ours and the reference ran in alternating fresh processes. "
+         "Peak memory = process peak RSS on the CPU (includes the Python runtime and the dataset), CUDA max allocated "
+         "on a GPU.", "", "## Training: our loop vs the conventional Diffusers-example loop", "",
+         "| preset | batch | ours img/s | conventional img/s | speed-up | ours peak MB | conventional peak MB | ours precision |",
+         "|---|---|---|---|---|---|---|---|"]
+    for preset, r in res["train"].items():
+        o, c = r["train-ours"], r["train-conventional"]
+        L.append(f"| {preset} | {r['batch']} | {o['img_per_s']:.1f} | {c['img_per_s']:.1f} | {r['speedup']:.2f}x | "
+                 f"{o['peak_memory_mb']:.0f} | {c['peak_memory_mb']:.0f} | {o['mixed_precision']} |")
+    L += ["", "## Sampling: sample.py's path vs `DDPMPipeline(...)()` out of the box", "",
+          "| preset | batch | steps | ours img/s | pipeline img/s | speed-up |", "|---|---|---|---|---|---|"]
+    for preset, r in res["sample"].items():
+        L.append(f"| {preset} | {r['batch']} | {r['steps']} | {r['sample-ours']['img_per_s']:.1f} | "
+                 f"{r['sample-pipeline']['img_per_s']:.1f} | {r['speedup']:.2f}x |")
+    if res.get("methods"):
+        L += ["", "## Per-step cost of each timestep method relative to uniform (cpu-tiny16, one process, interleaved)",
+              "", "| method | s/step | cost ratio |", "|---|---|---|"]
+        for m, c in res["methods"].items():
+            L.append(f"| {m} | {c['seconds_per_step']:.4f} | {c['cost_ratio']:.3f} |")
+    if res.get("memory"):
+        L += ["", f"## Memory: ddpm-cifar10 on {res['memory'][0]['device']}", "",
+              "| batch per device | precision | gradient checkpointing | peak MB | img/s |", "|---|---|---|---|---|"]
+        for m in res["memory"]:
+            L.append(f"| {m['batch']} | {m['mixed_precision']} | {m['gradient_checkpointing']} | "
+                     f"{m['peak_memory_mb']:.0f} | {m['img_per_s']:.2f} |")
+    path.write_text("\n".join(L) + "\n")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--presets", nargs="+", default=["cpu-tiny16", "cpu-tiny", "ddpm-cifar10"])
+    p.add_argument("--data", type=Path, default=None, help="folder/.zip of images (default: shared CIFAR-10 or generated)")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--rounds", type=int, default=4, help="alternations of ours / reference processes")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--window_steps", type=int, default=5)
+    p.add_argument("--sample_steps", type=int, default=50)
+    p.add_argument("--sample_batch", type=int, default=256)
+    p.add_argument("--memory_batches", type=int, nargs="*", default=[8, 32])
+    p.add_argument("--no_methods", action="store_true")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--preset", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def generated_data(folder: Path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(256):
+        p = folder / f"{i:04d}.jpg"
+        if not p.exists():
+            Image.fromarray((rng.random((32, 32, 3)) * 255).astype("uint8")).save(p, quality=75)
+    return folder
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args)), flush=True)
+        return 0
+    if args.quick:
+        args.presets, args.rounds, args.warmup, args.windows, args.window_steps = ["cpu-tiny16"], 2, 1, 2, 1
+        args.sample_steps, args.sample_batch, args.memory_batches, args.no_methods = 3, 8, [], True
+    data = args.data or (PROTOCOL_DATA if PROTOCOL_DATA.exists() else generated_data(ROOT / "benchmarks" / "_work" / "images"))
+    date = dt.date.today().isoformat()
+    out = args.out or ROOT / "docs" / "benchmarks" / "throughput" / date
+    out.mkdir(parents=True, exist_ok=True)
+    import compare_methods as cm
+
+    res = {"date": date, "command": " ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]),
+           "git_commit": cm.git("rev-parse", "HEAD"), "machine": cm.machine()["cpu"], "versions": cm.versions(),
+           "data": str(data), "train": {}, "sample": {}}
+    for preset in args.presets:
+        batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
+        print(f"training {preset} batch {batch}: ours vs conventional", flush=True)
+        res["train"][preset] = {"batch": batch, **side_by_side("train-ours", "train-conventional", preset, data, batch,
+                                                              args, args.rounds)}
+        print(f"  speed-up {res['train'][preset]['speedup']:.2f}x", flush=True)
+    for preset in args.presets[:1] if args.quick else [p for p in args.presets if p != "ddpm-cifar10"]:
+        print(f"sampling {preset}: ours vs DDPMPipeline", flush=True)
+        res["sample"][preset] = {"batch": args.sample_batch, "steps": args.sample_steps, **side_by_side(
+            "sample-ours", "sample-pipeline", preset, data, args.sample_batch,
+            argparse.Namespace(**{**vars(args), "window_steps": 1, "windows": 2, "warmup": 1}), args.rounds)}
+        print(f"  speed-up {res['sample'][preset]['speedup']:.2f}x", flush=True)
+    if not args.no_methods:
+        print("timestep-method overheads (one process, interleaved)", flush=True)
+        res["methods"] = cm.measure_costs(list(cm.METHODS), data, block_steps=40, blocks=5, warmup=20,
+                                          threads=os.cpu_count() or 1, extra=["--max_train_samples", "4096"])
+    if args.memory_batches:
+        print("memory table ddpm-cifar10", flush=True)
+        res["memory"] = memory_table(data, args)
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    write_readme(res, out / "README.md")
+    print(f"report: {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
