@@ -171,3 +171,44 @@ def test_two_gloo_ranks_with_different_losses_hold_identical_sampler_state():
     proc = run_cli("tests/helpers/rank_consistency.py", [], nproc=2)
     assert proc.stdout.count(": OK") == 2
     assert proc.stdout.count("state identical across ranks") == 6
+
+
+def test_speed_constants_weights_and_sampling_mass_from_the_paper():
+    from adaptive.timesteps.speed import dual_timesteps
+
+    s, _ = make("speed")
+    assert s.m == 642  # first t with d/dt sqrt(1 - abar) < 1e-4, plus one (SpeeD's code, linear schedule)
+    assert s.tau == 699  # our derivation; the SpeeD configs hand-set 700
+    w = s.w
+    assert w[0].item() == pytest.approx(0.409, abs=0.002) and w[219].item() == pytest.approx(0.6, abs=1e-4)
+    assert w[699:].eq(1).all() and (w[:699] >= 0.4).all() and (w[:699] <= 0.6 + 1e-6).all()
+    # asymmetric proposal: k = 5 below tau -> P(t < tau) = 5 tau / (5 tau + T - tau)
+    assert s.p[:699].sum().item() == pytest.approx(5 * 699 / (5 * 699 + 301), rel=1e-5)
+    # dual sampling: n//2 + 1 draws then mirrors |m - t|, truncated to n; every mirror is <= m
+    t0 = torch.tensor([0, 100, 700, 999, 5])
+    assert dual_timesteps(t0, 642, 8).tolist() == [0, 100, 700, 999, 5, 642, 542, 58]
+    t, wt = s.sample(128, "cpu", torch.Generator().manual_seed(0))
+    assert (t[65:] <= 642).all() and torch.equal(wt, s.w[t])  # 65 originals, 63 mirrors; no 1/p correction
+    marginal = s.probabilities()
+    assert marginal.sum().item() == pytest.approx(1.0, abs=1e-5)
+    assert marginal[:642].sum().item() == pytest.approx(0.921, abs=0.002)  # the notes' 92% below 642
+
+
+def test_kim2025_pieces_match_the_paper_and_code():
+    from adaptive.timesteps.kim2025 import BetaPolicy, kl_coefficients, pearson_scores, sample_gamma
+
+    policy = BetaPolicy(16)
+    a, b = policy(torch.randn(4, 3, 16, 16))
+    assert torch.allclose(a, torch.full((4,), 0.97410), atol=1e-4) and torch.allclose(b, a)  # Beta(0.974, 0.974) at init
+    g = torch.Generator().manual_seed(0)
+    for alpha in (0.5, 0.974, 3.0):
+        x = sample_gamma(torch.full((200_000,), alpha), g)
+        assert x.mean().item() == pytest.approx(alpha, rel=0.02) and x.var().item() == pytest.approx(alpha, rel=0.05)
+    from diffusers import DDPMScheduler
+
+    c = kl_coefficients(DDPMScheduler(num_train_timesteps=1000).betas)  # bits/dim per unit eps-MSE, fixed-large
+    for t, value in ((0, 1.32), (1, 0.39), (2, 0.28), (10, 0.098), (100, 0.014), (999, 0.015)):
+        assert c[t].item() == pytest.approx(value, rel=0.06), t
+    X = torch.randn(20, 6, generator=g)
+    y = 3 * X[:, 4] + 0.1 * torch.randn(20, generator=g)
+    assert torch.topk(pearson_scores(X, y), 1).indices.item() == 4

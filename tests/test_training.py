@@ -99,3 +99,16 @@ def test_bad_input_never_touches_an_existing_run(tmp_path, image_folder):
         err_lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
         assert len(err_lines) == 1 and message in err_lines[0], (message, proc.stderr[-2000:])
         assert _snapshot(out) == before, message
+
+
+def test_kim2025_policy_updates_inside_real_training(tmp_path, image_folder):
+    """The policy update (VLB before/after the model step, every 40 steps) runs in the loop and is checkpointed."""
+    from adaptive.checkpoint import load_object_state
+
+    out = tmp_path / "kim"
+    run_cli("train_accelerate.py", tiny_args(image_folder, out, "--timestep_sampler", "kim2025", "--max_train_steps", "41",
+                                            "--save_images_steps", "none", "--logging_steps", "41"))
+    state = load_object_state(out / "checkpoint-41" / "training_state.pt")["sampler"]
+    assert state["updates"] == 2 and state["filled"] == 2  # steps 0 and 40
+    assert state["buffer_x"][:2].abs().sum() > 0
+    assert not torch.equal(state["policy"]["head.4.bias"], torch.full((2,), 0.5))  # REINFORCE moved the policy
