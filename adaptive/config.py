@@ -76,6 +76,7 @@ class TrainConfig:
     adaptive_ema: float = 0.05  # adaptive: statistics update rate per sample of a bin
     adaptive_warmup_steps: int = 20  # adaptive: uniform draws and configured objective for the first N steps
     adaptive_stratified: bool = True  # adaptive: stratified (low-discrepancy) draws over the global batch
+    adaptive_normalize: str = "unit"  # adaptive: unit = expected weighted loss 1 (stationary gradient scale) | mean
 
     # --- optimisation ---
     train_batch_size: int = 128  # images per device per micro-step
@@ -234,6 +235,7 @@ CHOICES: dict[str, tuple] = {
     "logger": ("tensorboard", "wandb", "none"),
     "eval_mode": ("clean", "legacy_tensorflow", "legacy_pytorch"),
     "attention_impl": ("auto", "sdpa", "classic"),
+    "adaptive_normalize": ("unit", "mean"),
 }
 
 

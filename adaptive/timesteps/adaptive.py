@@ -18,10 +18,13 @@ import torch
 from .base import TimestepSampler
 
 
-def balance_weights(m1: torch.Tensor, beta: float) -> torch.Tensor:
-    """lambda_b = m1_b^-beta normalised to mean 1 over bins (EDM2's balance e^-u with e^u = E[L] when beta = 1)."""
-    lam = m1.clamp_min(1e-12).pow(-beta)
-    return lam / lam.mean()
+def balance_weights(m1: torch.Tensor, beta: float, normalize: str = "unit") -> torch.Tensor:
+    """lambda_b proportional to m1_b^-beta (EDM2's balance e^-u with e^u = E[L] when beta = 1), normalised so that
+    'unit': the expected weighted loss (1/B) sum_b lambda_b m1_b is 1 at every step - a stationary gradient scale
+    for Adam, whose second-moment estimate (beta2 = 0.999) otherwise lags a fast-falling loss - or 'mean': mean 1."""
+    m1 = m1.clamp_min(1e-12)
+    lam = m1.pow(-beta)
+    return lam / (lam * m1).mean() if normalize == "unit" else lam / lam.mean()
 
 
 def proposal(lam: torch.Tensor, m2: torch.Tensor, uniform_mix: float) -> torch.Tensor:
@@ -59,6 +62,7 @@ class AdaptiveSampler(TimestepSampler):
         self.rate = float(get("adaptive_ema", 0.05))
         self.warmup = int(get("adaptive_warmup_steps", 20))
         self.stratified = bool(get("adaptive_stratified", True))
+        self.normalize = get("adaptive_normalize", "unit")
         self.changes_objective = self.beta != 0
         self.m1 = torch.zeros(self.num_bins, device=self.device)  # running mean of L per bin
         self.m2 = torch.zeros(self.num_bins, device=self.device)  # running mean of L^2 per bin
@@ -74,7 +78,7 @@ class AdaptiveSampler(TimestepSampler):
                 ones = torch.ones(self.num_bins, device=self.device)
                 self._cache = (ones, ones / self.num_bins)
             else:
-                lam = balance_weights(self.m1, self.beta)
+                lam = balance_weights(self.m1, self.beta, self.normalize)
                 self._cache = (lam, proposal(lam, self.m2, self.uniform_mix))
         return self._cache
 
@@ -160,7 +164,7 @@ class AdaptiveSampler(TimestepSampler):
 
     def describe(self):
         return {**super().describe(), "balance": self.beta, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
-                "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified,
+                "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
                               f"{self.beta:g} (online, EDM2-style balance)") if self.beta else
                 "configured objective E_t~U[w(t) MSE_t], unbiased"}
