@@ -50,8 +50,8 @@ def test_importance_samplers_are_exactly_unbiased(name, cfg_kw):
     w = sampler.weight_of(torch.arange(T)).double()
     lam = sampler.objective_weights().double()
     assert w.max() / w.min() > 1.5 or name == "uniform"  # proposal or objective really is non-uniform after training
-    if not sampler.changes_objective:
-        assert torch.equal(lam, torch.ones(T, dtype=torch.float64))
+    if not sampler.changes_objective:  # at most a global (step-dependent) rescaling of the configured objective
+        assert torch.allclose(lam / lam[0], torch.ones(T, dtype=torch.float64))
     for seed in range(3):
         f = torch.randn(T, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).exp()
         assert (p * w * f).sum().item() == pytest.approx((lam * f).mean().item(), rel=1e-5)

@@ -167,4 +167,4 @@ class AdaptiveSampler(TimestepSampler):
                 "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
                               f"{self.beta:g} (online, EDM2-style balance)") if self.beta else
-                "configured objective E_t~U[w(t) MSE_t], unbiased"}
+                "configured objective E_t~U[w(t) MSE_t], unbiased, rescaled by a global factor"}
