@@ -71,6 +71,7 @@ class TrainConfig:
     speed_k: float = 5.0  # SpeeD: sampling weight of t < tau relative to t >= tau
     speed_lambda: float = 0.6  # SpeeD: change-aware weighting strength lambda
     adaptive_balance: float = 1.0  # adaptive: objective weight E[L_t]^-beta (0 = configured objective, 1 = balanced)
+    adaptive_balance_final: typing.Optional[float] = None  # adaptive: beta at the end of the run (linear anneal); None = constant
     adaptive_bins: int = 100  # adaptive: timestep bins of the running loss statistics
     adaptive_uniform_mix: float = 0.1  # adaptive: uniform floor of the proposal
     adaptive_ema: float = 0.05  # adaptive: statistics update rate per sample of a bin

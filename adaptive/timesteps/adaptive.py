@@ -57,18 +57,27 @@ class AdaptiveSampler(TimestepSampler):
         if num_timesteps % self.num_bins:
             raise ValueError(f"--adaptive_bins {self.num_bins} must divide the number of timesteps {num_timesteps}")
         self.width = num_timesteps // self.num_bins
-        self.beta = float(get("adaptive_balance", 1.0))
+        self.beta0 = float(get("adaptive_balance", 1.0))
+        final = get("adaptive_balance_final", None)
+        self.beta1 = self.beta0 if final is None else float(final)
+        self.horizon = int(get("max_train_steps", None) or 1)  # the anneal runs over the whole run
         self.uniform_mix = float(get("adaptive_uniform_mix", 0.1))
         self.rate = float(get("adaptive_ema", 0.05))
         self.warmup = int(get("adaptive_warmup_steps", 20))
         self.stratified = bool(get("adaptive_stratified", True))
         self.normalize = get("adaptive_normalize", "unit")
-        self.changes_objective = self.beta != 0
+        self.changes_objective = self.beta0 != 0 or self.beta1 != 0
         self.m1 = torch.zeros(self.num_bins, device=self.device)  # running mean of L per bin
         self.m2 = torch.zeros(self.num_bins, device=self.device)  # running mean of L^2 per bin
         self.hits = torch.zeros(self.num_bins, device=self.device)  # samples seen per bin
         self.updates = 0
         self._cache = None
+
+    @property
+    def beta(self) -> float:
+        """Balance exponent at the current update: beta0 -> beta1 linearly over the run (constant by default)."""
+        frac = min(1.0, self.updates / self.horizon)
+        return self.beta0 + (self.beta1 - self.beta0) * frac
 
     # -- the current proposal -------------------------------------------------------------------------------------
     def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,8 +172,8 @@ class AdaptiveSampler(TimestepSampler):
         return d
 
     def describe(self):
-        return {**super().describe(), "balance": self.beta, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
+        return {**super().describe(), "balance": self.beta0, "balance_final": self.beta1, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
                 "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
-                              f"{self.beta:g} (online, EDM2-style balance)") if self.beta else
+                              f"{self.beta0:g} -> {self.beta1:g} over the run (online, EDM2-style balance)") if self.changes_objective else
                 "configured objective E_t~U[w(t) MSE_t], unbiased, rescaled by a global factor"}
