@@ -64,13 +64,19 @@ def git(*args: str) -> str:
 
 
 def code_hash() -> str:
-    """Hash of the tracked code outside adaptive/timesteps/ (working-tree contents): what rows of a table must share."""
+    """Hash of the code every method shares (working tree): the tracked .py files outside adaptive/timesteps/, tests/
+    and benchmarks/, without the method-specific config lines (`adaptive_*`, `speed_*`, `uncertainty_lr`).
+    Rows of one table must share it: only the method under test may differ."""
     h = hashlib.sha256()
     for f in sorted(git("ls-files").splitlines()):
         if f.endswith(".py") and not f.startswith(("adaptive/timesteps/", "tests/", "benchmarks/")):
             p = ROOT / f
             if p.exists():
-                h.update(f.encode() + b"\0" + p.read_bytes())
+                lines = p.read_text().splitlines()
+                if f == "adaptive/config.py":
+                    lines = [l for l in lines if not l.strip().startswith(("adaptive_", "speed_", "uncertainty_lr",
+                                                                           '"adaptive_'))]
+                h.update(f.encode() + b"\0" + "\n".join(lines).encode())
     return h.hexdigest()[:16]
 
 
