@@ -65,11 +65,12 @@ def git(*args: str) -> str:
 
 def code_hash() -> str:
     """Hash of the code every method shares (working tree): the tracked .py files outside adaptive/timesteps/, tests/
-    and benchmarks/, without the method-specific config lines (`adaptive_*`, `speed_*`, `uncertainty_lr`).
+    and benchmarks/ that training uses (adaptive/ and train_accelerate.py), without the method-specific config lines (`adaptive_*`, `speed_*`, `uncertainty_lr`).
     Rows of one table must share it: only the method under test may differ."""
     h = hashlib.sha256()
     for f in sorted(git("ls-files").splitlines()):
-        if f.endswith(".py") and not f.startswith(("adaptive/timesteps/", "tests/", "benchmarks/")):
+        shared = f == "train_accelerate.py" or (f.startswith("adaptive/") and not f.startswith("adaptive/timesteps/"))
+        if f.endswith(".py") and shared:
             p = ROOT / f
             if p.exists():
                 lines = p.read_text().splitlines()
@@ -328,6 +329,7 @@ def parse_args(argv=None):
     p.add_argument("--cost_blocks", type=int, default=5)
     p.add_argument("--cost_block_steps", type=int, default=40)
     p.add_argument("--costs", type=Path, default=None, help="reuse cost ratios from a results.json")
+    p.add_argument("--remeasure", nargs="*", default=[], help="methods whose cost ratio is measured again")
     p.add_argument("--report_only", action="store_true", help="only rebuild the report from finished runs")
     p.add_argument("--quick", action="store_true", help="smoke test on generated data (CI)")
     p.add_argument("extra", nargs="*", help="extra train_accelerate.py flags after --, applied to every run")
@@ -396,6 +398,7 @@ def main(argv=None) -> int:
     if args.costs:
         costs = json.loads(args.costs.read_text())["costs"]
     needed = sorted(set(args.methods) | {"uniform"}, key=list(METHODS).index)
+    costs = {m: c for m, c in (costs or {}).items() if m not in args.remeasure} or None
     if not args.report_only and (not costs or any(m not in costs for m in needed)):
         log(f"measuring cost ratios of {', '.join(needed)} ({args.cost_blocks} interleaved blocks of {args.cost_block_steps} steps)")
         costs = {**(costs or {}), **measure_costs(needed, args.data, args.cost_block_steps, args.cost_blocks,
