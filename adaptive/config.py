@@ -78,6 +78,7 @@ class TrainConfig:
     adaptive_warmup_steps: int = 20  # adaptive: uniform draws and configured objective for the first N steps
     adaptive_stratified: bool = True  # adaptive: stratified (low-discrepancy) draws over the global batch
     adaptive_normalize: str = "unit"  # adaptive: unit = expected weighted loss 1 (stationary gradient scale) | mean
+    adaptive_proposal: str = "loss"  # adaptive: p ~ lambda x loss RMS (loss) | x sqrt(mean loss) (grad) | uniform
 
     # --- optimisation ---
     train_batch_size: int = 128  # images per device per micro-step
@@ -237,6 +238,7 @@ CHOICES: dict[str, tuple] = {
     "eval_mode": ("clean", "legacy_tensorflow", "legacy_pytorch"),
     "attention_impl": ("auto", "sdpa", "classic"),
     "adaptive_normalize": ("unit", "mean"),
+    "adaptive_proposal": ("loss", "grad", "uniform"),
 }
 
 

@@ -223,7 +223,7 @@ def test_adaptive_objective_weights_balance_bins_and_keep_a_unit_loss_scale():
     lam = balance_weights(m1, 0.5, "unit")
     assert (lam * m1).mean().item() == pytest.approx(1.0) and torch.allclose(lam[0] / lam[1], (m1[1] / m1[0]).sqrt())
     assert torch.allclose(balance_weights(m1, 0.0, "unit"), torch.full((4,), 1 / m1.mean().item()))
-    p = proposal(torch.ones(4), torch.tensor([4.0, 1.0, 0.0, 1.0]), 0.2)
+    p = proposal(torch.ones(4), torch.tensor([2.0, 1.0, 0.0, 1.0]), 0.2)
     assert torch.allclose(p, 0.8 * torch.tensor([0.5, 0.25, 0.0, 0.25]) + 0.05)
     # stratified draws: every stratum of the CDF gets exactly its share (up to one draw per bin)
     b = stratified_bins(torch.tensor([0.5, 0.25, 0.125, 0.125]), 64, torch.Generator().manual_seed(0))

@@ -27,9 +27,10 @@ def balance_weights(m1: torch.Tensor, beta: float, normalize: str = "unit") -> t
     return lam / (lam * m1).mean() if normalize == "unit" else lam / lam.mean()
 
 
-def proposal(lam: torch.Tensor, m2: torch.Tensor, uniform_mix: float) -> torch.Tensor:
-    """p_b proportional to lambda_b sqrt(E[L_b^2]) with a uniform floor (variance-optimal for norm-proportional gradients)."""
-    q = lam * m2.clamp_min(0).sqrt()
+def proposal(lam: torch.Tensor, scale: torch.Tensor, uniform_mix: float) -> torch.Tensor:
+    """p_b proportional to lambda_b * scale_b with a uniform floor: the variance-optimal proposal when a sample's
+    gradient norm is proportional to scale_b (Katharopoulos & Fleuret 2018, eq. 8)."""
+    q = lam * scale.clamp_min(0)
     q = torch.where(torch.isfinite(q), q, torch.zeros_like(q))
     total = q.sum()
     q = torch.where(total > 0, q / total.clamp_min(1e-30), torch.full_like(q, 1.0 / q.numel()))
@@ -66,6 +67,7 @@ class AdaptiveSampler(TimestepSampler):
         self.warmup = int(get("adaptive_warmup_steps", 20))
         self.stratified = bool(get("adaptive_stratified", True))
         self.normalize = get("adaptive_normalize", "unit")
+        self.proposal_kind = get("adaptive_proposal", "loss")
         self.changes_objective = self.beta0 != 0 or self.beta1 != 0
         self.m1 = torch.zeros(self.num_bins, device=self.device)  # running mean of L per bin
         self.m2 = torch.zeros(self.num_bins, device=self.device)  # running mean of L^2 per bin
@@ -88,8 +90,18 @@ class AdaptiveSampler(TimestepSampler):
                 self._cache = (ones, ones / self.num_bins)
             else:
                 lam = balance_weights(self.m1, self.beta, self.normalize)
-                self._cache = (lam, proposal(lam, self.m2, self.uniform_mix))
+                self._cache = (lam, proposal(lam, self.gradient_scale(), self.uniform_mix))
         return self._cache
+
+    def gradient_scale(self) -> torch.Tensor:
+        """Per-bin proxy of a sample's gradient norm: 'loss' sqrt(E[L^2]) (the loss RMS, iDDPM's statistic), 'grad'
+        sqrt(E[L]) (the RMS of the output-space gradient 2 (pred - target) / D, since L is a mean squared error),
+        'uniform' 1 (no importance sampling, the weights alone carry lambda)."""
+        if self.proposal_kind == "loss":
+            return self.m2.clamp_min(0).sqrt()
+        if self.proposal_kind == "grad":
+            return self.m1.clamp_min(0).sqrt()
+        return torch.ones_like(self.m1) / self.m1.clamp_min(1e-12).pow(-self.beta)  # cancels lambda: p uniform
 
     def probabilities(self):
         _, p = self._tables()
@@ -174,6 +186,7 @@ class AdaptiveSampler(TimestepSampler):
     def describe(self):
         return {**super().describe(), "balance": self.beta0, "balance_final": self.beta1, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
                 "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
+                "proposal": self.proposal_kind,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
                               f"{self.beta0:g} -> {self.beta1:g} over the run (online, EDM2-style balance)") if self.changes_objective else
                 "configured objective E_t~U[w(t) MSE_t], unbiased, rescaled by a global factor"}
