@@ -147,9 +147,11 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
         order = methods if b % 2 == 0 else list(reversed(methods))  # alternate order against drift
         for m in order:
             times[m].append(timed(m, block_steps))
-    med = {m: statistics.median(v) for m, v in times.items()}
-    ref = med.get("uniform") or statistics.median(times[methods[0]])
-    return {m: {"seconds_per_step": med[m], "blocks": times[m], "cost_ratio": med[m] / ref} for m in methods}
+    ref = "uniform" if "uniform" in methods else methods[0]
+    # ratio per round (blocks of one round ran back to back), then the median: robust to load changes between rounds
+    return {m: {"seconds_per_step": statistics.median(v), "blocks": v,
+                "block_ratios": [a / b for a, b in zip(v, times[ref])],
+                "cost_ratio": statistics.median(a / b for a, b in zip(v, times[ref]))} for m, v in times.items()}
 
 
 # ------------------------------------------------------------------------------------------------ 2. training runs
@@ -326,7 +328,7 @@ def parse_args(argv=None):
     p.add_argument("--budget_minutes", type=float, default=20.0, help="wallclock mode: minutes per run")
     p.add_argument("--budget_steps", type=int, default=BUDGET)
     p.add_argument("--checkpointing_steps", type=int, default=250)
-    p.add_argument("--cost_blocks", type=int, default=5)
+    p.add_argument("--cost_blocks", type=int, default=7)
     p.add_argument("--cost_block_steps", type=int, default=40)
     p.add_argument("--costs", type=Path, default=None, help="reuse cost ratios from a results.json")
     p.add_argument("--remeasure", nargs="*", default=[], help="methods whose cost ratio is measured again")
