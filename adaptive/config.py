@@ -70,8 +70,8 @@ class TrainConfig:
     uncertainty_lr: float = 1e-2  # Adam learning rate of edm2_uncertainty's log-variances u_t
     speed_k: float = 5.0  # SpeeD: sampling weight of t < tau relative to t >= tau
     speed_lambda: float = 0.6  # SpeeD: change-aware weighting strength lambda
-    adaptive_balance: float = 1.0  # adaptive: objective weight E[L_t]^-beta (0 = configured objective, 1 = balanced)
-    adaptive_balance_final: typing.Optional[float] = None  # adaptive: beta at the end of the run (linear anneal); None = constant
+    adaptive_balance: float = 0.5  # adaptive: objective weight E[L_t]^-beta at the start (0 = configured, 0.5 = gradient-balanced, 1 = loss-balanced)
+    adaptive_balance_final: typing.Optional[float] = 0.0  # adaptive: beta at the end of the run (linear in progress); None = constant
     adaptive_bins: int = 100  # adaptive: timestep bins of the running loss statistics
     adaptive_uniform_mix: float = 0.1  # adaptive: uniform floor of the proposal
     adaptive_ema: float = 0.05  # adaptive: statistics update rate per sample of a bin

@@ -404,6 +404,15 @@ def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=Non
     return run
 
 
+def run_progress(run: Run, step: int) -> float:
+    """Fraction of the run done: steps / max steps, or the spent share of --max_train_minutes if that is larger
+    (then it depends on the clock, so runs with a wall-clock budget are not bit-reproducible - they never are)."""
+    frac = step / max(1, run.max_steps)
+    if run.cfg.max_train_minutes:
+        frac = max(frac, run.progress.train_seconds / (60 * run.cfg.max_train_minutes))
+    return min(1.0, frac)
+
+
 def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
     """One optimizer step over this rank's micro-batches; returns (local per-sample losses [accum * B], grad norm)."""
     cfg, accelerator, layout, sampler, tables = run.cfg, run.accelerator, run.layout, run.sampler, run.tables
@@ -411,7 +420,7 @@ def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
 
     # Draw this optimizer step's global timesteps, weights and noise (identical on every rank; each takes its slice).
     g = generator(device, cfg.seed, "step", step)
-    sampler.begin_step(step)
+    sampler.begin_step(step, run_progress(run, step))
     if not sampler.conditional:
         t_all, w_all = sampler.sample(layout.global_batch, device, g)  # [G]
     noise_all = torch.randn((layout.global_batch, 3, cfg.resolution, cfg.resolution), generator=g, device=device)

@@ -228,3 +228,19 @@ def test_adaptive_objective_weights_balance_bins_and_keep_a_unit_loss_scale():
     # stratified draws: every stratum of the CDF gets exactly its share (up to one draw per bin)
     b = stratified_bins(torch.tensor([0.5, 0.25, 0.125, 0.125]), 64, torch.Generator().manual_seed(0))
     assert torch.bincount(b, minlength=4).tolist() == [32, 16, 8, 8]
+
+
+def test_adaptive_anneals_from_gradient_balance_to_the_configured_objective():
+    sampler = train_sampler(make("adaptive")[0], steps=60)  # defaults: beta 0.5 -> 0 over the run
+    m1 = sampler.m1.clone()
+    sampler.begin_step(0, 0.0)
+    lam = sampler.objective_weights()[:: sampler.width]
+    assert torch.allclose(lam / lam[0], (m1 / m1[0]).pow(-0.5), rtol=1e-4)  # lambda ~ E[L]^-1/2 at the start
+    sampler.begin_step(600, 0.5)
+    assert sampler.beta == pytest.approx(0.25)
+    sampler.begin_step(1200, 1.0)  # at the end: the configured objective, only rescaled
+    lam = sampler.objective_weights()
+    assert torch.allclose(lam / lam[0], torch.ones_like(lam))
+    p, w = sampler.probabilities().double(), sampler.weight_of(torch.arange(T)).double()
+    f = torch.rand(T, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert (p * w * f).sum().item() == pytest.approx((lam.double() * f).mean().item(), rel=1e-5)

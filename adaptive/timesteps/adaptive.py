@@ -58,10 +58,10 @@ class AdaptiveSampler(TimestepSampler):
         if num_timesteps % self.num_bins:
             raise ValueError(f"--adaptive_bins {self.num_bins} must divide the number of timesteps {num_timesteps}")
         self.width = num_timesteps // self.num_bins
-        self.beta0 = float(get("adaptive_balance", 1.0))
-        final = get("adaptive_balance_final", None)
+        self.beta0 = float(get("adaptive_balance", 0.5))
+        final = get("adaptive_balance_final", 0.0)
         self.beta1 = self.beta0 if final is None else float(final)
-        self.horizon = int(get("max_train_steps", None) or 1)  # the anneal runs over the whole run
+        self.progress = 0.0  # fraction of the run done, set by the loop each step (begin_step)
         self.uniform_mix = float(get("adaptive_uniform_mix", 0.1))
         self.rate = float(get("adaptive_ema", 0.05))
         self.warmup = int(get("adaptive_warmup_steps", 20))
@@ -77,9 +77,13 @@ class AdaptiveSampler(TimestepSampler):
 
     @property
     def beta(self) -> float:
-        """Balance exponent at the current update: beta0 -> beta1 linearly over the run (constant by default)."""
-        frac = min(1.0, self.updates / self.horizon)
-        return self.beta0 + (self.beta1 - self.beta0) * frac
+        """Balance exponent now: beta0 -> beta1 linearly with the run's progress."""
+        return self.beta0 + (self.beta1 - self.beta0) * min(1.0, max(0.0, self.progress))
+
+    def begin_step(self, step: int, progress: float = 0.0) -> None:
+        if progress != self.progress and self.beta0 != self.beta1:
+            self._cache = None
+        self.progress = progress
 
     # -- the current proposal -------------------------------------------------------------------------------------
     def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:

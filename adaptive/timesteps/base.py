@@ -97,8 +97,8 @@ class TimestepSampler:
 
     # Hooks around the optimizer step, for methods that measure the model itself (kim2025); ctx carries
     # accelerator, model (unwrapped), autocast, seed. Every rank calls them.
-    def begin_step(self, step: int) -> None:
-        pass
+    def begin_step(self, step: int, progress: float = 0.0) -> None:
+        """Called first in every optimizer step; progress = fraction of the run done (steps or wall-clock budget)."""
 
     def before_optimizer_step(self, ctx) -> None:
         pass

@@ -129,7 +129,7 @@ class Kim2025Sampler(TimestepSampler):
         self._before: dict = {}
 
     # -- drawing -------------------------------------------------------------------------------------------------
-    def begin_step(self, step: int) -> None:
+    def begin_step(self, step: int, progress: float = 0.0) -> None:
         self._step = step
         self._cache = []
 
