@@ -112,3 +112,30 @@ def test_kim2025_policy_updates_inside_real_training(tmp_path, image_folder):
     assert state["updates"] == 2 and state["filled"] == 2  # steps 0 and 40
     assert state["buffer_x"][:2].abs().sum() > 0
     assert not torch.equal(state["policy"]["head.4.bias"], torch.full((2,), 0.5))  # REINFORCE moved the policy
+
+
+def test_in_training_evaluation_and_the_wall_clock_budget(tmp_path, image_folder):
+    """--eval_at_steps writes proxy-FD records with the training wall-clock; --max_train_minutes stops, saves, exports."""
+    class Feat(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.avg_pool2d(x / 255.0, 4).flatten(1)
+
+    feat = tmp_path / "feat.pt"
+    torch.jit.script(Feat()).save(str(feat))
+    out = tmp_path / "run"
+    proc = run_cli("train_accelerate.py", tiny_args(
+        image_folder, out, "--max_train_steps", "100000", "--max_train_minutes", "0.25", "--eval_at_steps", "2,4",
+        "--eval_num_images", "8", "--eval_inference_steps", "3", "--eval_feature_extractor", str(feat),
+        "--eval_ref_num_images", "16", "--save_images_steps", "none", "--checkpointing_steps", "100000"))
+    records = [json.loads(l) for l in (out / "stats.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "proxy_fd" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(r["proxy_fd"] > 0 and r["train_seconds"] > 0 and r["eval_images"] == 8 for r in evals)
+    assert "stopping after step" in proc.stdout and "--max_train_minutes budget of 0.25 min spent" in proc.stdout
+    from adaptive.checkpoint import load_object_state
+
+    ckpt = next(out.glob("checkpoint-*"))
+    spent = load_object_state(ckpt / "training_state.pt")["progress"]["train_seconds"]
+    assert 15 <= spent < 15 + 30  # stopped at the first step after the budget (evaluation time excluded)
+    assert (out / "model_index.json").is_file() and len(list(out.glob("checkpoint-*"))) == 1
+    assert "proxy FD (not FID)" in (out / "README.md").read_text()
