@@ -39,8 +39,13 @@ def peak_memory_mb(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (Linux: KiB)
 
 
-def timed_windows(step, batch: int, warmup: int, windows: int, window_steps: int, sync) -> list[float]:
-    for _ in range(warmup):
+def timed_windows(step, batch: int, warmup: int, windows: int, window_steps: int, sync) -> tuple[list[float], float]:
+    """img/s of each window after warm-up, and the duration of the very first call (includes any compilation)."""
+    t0 = time.perf_counter()
+    step()
+    sync()
+    first = time.perf_counter() - t0
+    for _ in range(warmup - 1):
         step()
     sync()
     rates = []
@@ -50,7 +55,7 @@ def timed_windows(step, batch: int, warmup: int, windows: int, window_steps: int
             step()
         sync()
         rates.append(batch * window_steps / (time.perf_counter() - t0))
-    return rates
+    return rates, first
 
 
 def make_cfg(preset: str, data: Path, batch: int, extra: list[str]):
@@ -67,15 +72,17 @@ def worker(args) -> dict:
     """One measurement in this process; returns img/s windows, peak memory and timings."""
     import torch
 
-    cfg = make_cfg(args.preset, args.data, args.batch, args.extra)
+    compile_ = args.worker.endswith("-compile")
+    kind = args.worker.removesuffix("-compile")
+    cfg = make_cfg(args.preset, args.data, args.batch, args.extra + (["--compile"] if compile_ and kind == "train-ours" else []))
     t_build = time.perf_counter()
-    if args.worker == "train-ours":
+    if kind == "train-ours":
         from adaptive.loop import optimizer_step, setup
 
         run = setup(cfg, lambda m: None)
         device, batches, counter = run.accelerator.device, run.data.batches(0), iter(range(10**9))
         step = lambda: optimizer_step(run, next(counter), next(batches))  # noqa: E731
-    elif args.worker == "train-conventional":
+    elif kind == "train-conventional":
         from conventional_loop import ConventionalLoop
 
         loop = ConventionalLoop(cfg, args.data)
@@ -89,8 +96,10 @@ def worker(args) -> dict:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         unet = build_unet(cfg).to(device).eval()
         sched = build_noise_scheduler(cfg)
-        if args.worker == "sample-ours":
-            configure_attention(unet, "auto", device.type)
+        if kind == "sample-ours":
+            configure_attention(unet, "sdpa", device.type)  # as sample.py: SDPA is the faster forward-only kernel
+            if compile_:
+                unet.compile()
             dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
             autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
             seeds = iter(range(10**9))
@@ -102,16 +111,17 @@ def worker(args) -> dict:
             step = lambda: pipe(batch_size=args.batch, num_inference_steps=args.sample_steps, output_type="np")  # noqa: E731
     t_build = time.perf_counter() - t_build
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    rates = timed_windows(step, args.batch, args.warmup, args.windows, args.window_steps, sync)
+    rates, first = timed_windows(step, args.batch, args.warmup, args.windows, args.window_steps, sync)
     return {"img_per_s": statistics.median(rates), "windows": rates, "peak_memory_mb": peak_memory_mb(device),
-            "build_seconds": t_build, "device": str(device), "threads": torch.get_num_threads(),
-            "mixed_precision": cfg.mixed_precision if args.worker == "train-ours" else
-            ("no" if args.worker in ("train-conventional", "sample-pipeline") else cfg.mixed_precision)}
+            "build_seconds": t_build, "first_call_seconds": first, "device": str(device),
+            "threads": torch.get_num_threads(),
+            "mixed_precision": "no" if kind in ("train-conventional", "sample-pipeline") else cfg.mixed_precision}
 
 
 def run_worker(kind: str, preset: str, data: Path, batch: int, args, extra=()) -> dict:
+    warmup = max(args.warmup, 2) if kind.endswith("-compile") else args.warmup
     cmd = [sys.executable, __file__, "--worker", kind, "--preset", preset, "--data", str(data), "--batch", str(batch),
-           "--warmup", str(args.warmup), "--windows", str(args.windows), "--window_steps", str(args.window_steps),
+           "--warmup", str(warmup), "--windows", str(args.windows), "--window_steps", str(args.window_steps),
            "--sample_steps", str(args.sample_steps), "--", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
@@ -120,19 +130,22 @@ def run_worker(kind: str, preset: str, data: Path, batch: int, args, extra=()) -
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def side_by_side(a: str, b: str, preset: str, data: Path, batch: int, args, rounds: int, extra_a=(), extra_b=()) -> dict:
-    """Alternate worker processes a, b, a, b, ...; median img/s of each over all windows, and the ratio."""
-    res = {a: [], b: []}
+def side_by_side(kinds: list[str], reference: str, preset: str, data: Path, batch: int, args, rounds: int) -> dict:
+    """Fresh worker processes of each kind in rotating order, `rounds` times; median img/s of each kind over all its
+    windows, and its speed-up over the reference kind."""
+    res = {k: [] for k in kinds}
     for r in range(rounds):
-        for kind, extra in ((a, extra_a), (b, extra_b)) if r % 2 == 0 else ((b, extra_b), (a, extra_a)):
-            res[kind].append(run_worker(kind, preset, data, batch, args, extra))
+        for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
+            res[kind].append(run_worker(kind, preset, data, batch, args))
     out = {}
     for kind, runs in res.items():
         windows = [w for r in runs for w in r["windows"]]
         out[kind] = {"img_per_s": statistics.median(windows), "windows": windows,
                      "peak_memory_mb": max(r["peak_memory_mb"] for r in runs), "mixed_precision": runs[0]["mixed_precision"],
+                     "first_call_seconds": statistics.median(r["first_call_seconds"] for r in runs),
                      "device": runs[0]["device"], "threads": runs[0]["threads"]}
-    out["speedup"] = out[a]["img_per_s"] / out[b]["img_per_s"]
+    for kind in kinds:
+        out[kind]["speedup"] = out[kind]["img_per_s"] / out[reference]["img_per_s"]
     return out
 
 
@@ -153,20 +166,24 @@ def memory_table(data: Path, args) -> list[dict]:
 def write_readme(res: dict, path: Path) -> None:
     L = [f"# Throughput ({res['date']}, {res['machine']})", "",
          f"Command: `{res['command']}`; commit `{res['git_commit']}`; torch {res['versions']['torch']}. "
-         "img/s = median over windows after warm-up; ours and the reference ran in alternating fresh processes. "
-         "Peak memory = process peak RSS on the CPU (includes the Python runtime and the dataset), CUDA max allocated "
-         "on a GPU.", "", "## Training: our loop vs the conventional Diffusers-example loop", "",
-         "| preset | batch | ours img/s | conventional img/s | speed-up | ours peak MB | conventional peak MB | ours precision |",
-         "|---|---|---|---|---|---|---|---|"]
+         "img/s = median over windows after warm-up; the kinds ran in fresh processes in rotating order (so load changes "
+         "on this shared machine hit all of them). `-compile` = `--compile` (torch.compile); its one-off compilation is "
+         "the 'first call' column, not part of img/s. Peak memory = process peak RSS on the CPU (includes the Python "
+         "runtime and the dataset), CUDA max allocated on a GPU.", "",
+         "## Training: our loop vs the conventional Diffusers-example loop", "",
+         "| preset | batch | loop | precision | img/s | vs conventional | first call s | peak MB |", "|---|---|---|---|---|---|---|---|"]
     for preset, r in res["train"].items():
-        o, c = r["train-ours"], r["train-conventional"]
-        L.append(f"| {preset} | {r['batch']} | {o['img_per_s']:.1f} | {c['img_per_s']:.1f} | {r['speedup']:.2f}x | "
-                 f"{o['peak_memory_mb']:.0f} | {c['peak_memory_mb']:.0f} | {o['mixed_precision']} |")
-    L += ["", "## Sampling: sample.py's path vs `DDPMPipeline(...)()` out of the box", "",
-          "| preset | batch | steps | ours img/s | pipeline img/s | speed-up |", "|---|---|---|---|---|---|"]
+        for kind, v in r.items():
+            if isinstance(v, dict):
+                L.append(f"| {preset} | {r['batch']} | {kind.replace('train-', '')} | {v['mixed_precision']} | "
+                         f"{v['img_per_s']:.1f} | {v['speedup']:.2f}x | {v['first_call_seconds']:.1f} | {v['peak_memory_mb']:.0f} |")
+    L += ["", "## Sampling: sample.py's path vs `DDPMPipeline(...)()` out of the box (same model, steps, batch)", "",
+          "| preset | batch | steps | sampler | precision | img/s | vs pipeline | first call s |", "|---|---|---|---|---|---|---|---|"]
     for preset, r in res["sample"].items():
-        L.append(f"| {preset} | {r['batch']} | {r['steps']} | {r['sample-ours']['img_per_s']:.1f} | "
-                 f"{r['sample-pipeline']['img_per_s']:.1f} | {r['speedup']:.2f}x |")
+        for kind, v in r.items():
+            if isinstance(v, dict):
+                L.append(f"| {preset} | {r['batch']} | {r['steps']} | {kind.replace('sample-', '')} | {v['mixed_precision']} | "
+                         f"{v['img_per_s']:.1f} | {v['speedup']:.2f}x | {v['first_call_seconds']:.1f} |")
     if res.get("methods"):
         L += ["", "## Per-step cost of each timestep method relative to uniform (cpu-tiny16, one process, interleaved)",
               "", "| method | s/step | cost ratio |", "|---|---|---|"]
@@ -186,7 +203,7 @@ def parse_args(argv=None):
     p.add_argument("--presets", nargs="+", default=["cpu-tiny16", "cpu-tiny", "ddpm-cifar10"])
     p.add_argument("--data", type=Path, default=None, help="folder/.zip of images (default: shared CIFAR-10 or generated)")
     p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--rounds", type=int, default=4, help="alternations of ours / reference processes")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of fresh worker processes per kind")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--window_steps", type=int, default=5)
@@ -235,15 +252,20 @@ def main(argv=None) -> int:
     for preset in args.presets:
         batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
         print(f"training {preset} batch {batch}: ours vs conventional", flush=True)
-        res["train"][preset] = {"batch": batch, **side_by_side("train-ours", "train-conventional", preset, data, batch,
-                                                              args, args.rounds)}
-        print(f"  speed-up {res['train'][preset]['speedup']:.2f}x", flush=True)
+        kinds = ["train-ours", "train-conventional"] if args.quick or preset == "ddpm-cifar10" else \
+            ["train-ours", "train-ours-compile", "train-conventional"]  # compiling the 35.7M U-Net on a CPU: skipped
+        res["train"][preset] = {"batch": batch, **side_by_side(kinds, "train-conventional", preset, data, batch, args,
+                                                              args.rounds)}
+        print("  " + ", ".join(f"{k} {res['train'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
     for preset in args.presets[:1] if args.quick else [p for p in args.presets if p != "ddpm-cifar10"]:
         print(f"sampling {preset}: ours vs DDPMPipeline", flush=True)
-        res["sample"][preset] = {"batch": args.sample_batch, "steps": args.sample_steps, **side_by_side(
-            "sample-ours", "sample-pipeline", preset, data, args.sample_batch,
-            argparse.Namespace(**{**vars(args), "window_steps": 1, "windows": 2, "warmup": 1}), args.rounds)}
-        print(f"  speed-up {res['sample'][preset]['speedup']:.2f}x", flush=True)
+        kinds = ["sample-ours", "sample-ours-compile", "sample-pipeline"] if not args.quick else ["sample-ours", "sample-pipeline"]
+        steps = args.sample_steps if preset == "cpu-tiny16" or args.quick else max(1, args.sample_steps // 5)
+        res["sample"][preset] = {"batch": args.sample_batch, "steps": steps, **side_by_side(
+            kinds, "sample-pipeline", preset, data, args.sample_batch,
+            argparse.Namespace(**{**vars(args), "window_steps": 1, "windows": 2, "warmup": 1, "sample_steps": steps}),
+            args.rounds)}
+        print("  " + ", ".join(f"{k} {res['sample'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
     if not args.no_methods:
         print("timestep-method overheads (one process, interleaved)", flush=True)
         res["methods"] = cm.measure_costs(list(cm.METHODS), data, block_steps=40, blocks=5, warmup=20,
