@@ -140,13 +140,16 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
             step += 1
         return (time.perf_counter() - t0) / n
 
+    def block_len(m: str) -> int:  # whole periods of a method's occasional work (kim2025: every 40 steps)
+        return max(block_steps, 40) if m == "kim2025" else block_steps
+
     for m in methods:  # warm-up every method (caches, allocator, first-update costs)
         timed(m, warmup)
     times: dict[str, list[float]] = {m: [] for m in methods}
     for b in range(blocks):
         order = methods if b % 2 == 0 else list(reversed(methods))  # alternate order against drift
         for m in order:
-            times[m].append(timed(m, block_steps))
+            times[m].append(timed(m, block_len(m)))
     ref = "uniform" if "uniform" in methods else methods[0]
     # ratio per round (blocks of one round ran back to back), then the median: robust to load changes between rounds
     return {m: {"seconds_per_step": statistics.median(v), "blocks": v,
@@ -328,8 +331,8 @@ def parse_args(argv=None):
     p.add_argument("--budget_minutes", type=float, default=20.0, help="wallclock mode: minutes per run")
     p.add_argument("--budget_steps", type=int, default=BUDGET)
     p.add_argument("--checkpointing_steps", type=int, default=250)
-    p.add_argument("--cost_blocks", type=int, default=7)
-    p.add_argument("--cost_block_steps", type=int, default=40)
+    p.add_argument("--cost_blocks", type=int, default=5)
+    p.add_argument("--cost_block_steps", type=int, default=20, help="steps per block (kim2025: 40, its update period)")
     p.add_argument("--costs", type=Path, default=None, help="reuse cost ratios from a results.json")
     p.add_argument("--remeasure", nargs="*", default=[], help="methods whose cost ratio is measured again")
     p.add_argument("--report_only", action="store_true", help="only rebuild the report from finished runs")
@@ -396,7 +399,10 @@ def main(argv=None) -> int:
     this_hash = code_hash()
 
     # 1. Cost ratios (measured once per table unless given).
+    costs_file = out / "costs.json"  # written as soon as measured, so that a restarted benchmark reuses them
     costs = previous.get("costs") if previous.get("code_hash") == this_hash else None
+    if costs is None and costs_file.exists() and json.loads(costs_file.read_text()).get("code_hash") == this_hash:
+        costs = json.loads(costs_file.read_text())["costs"]
     if args.costs:
         costs = json.loads(args.costs.read_text())["costs"]
     needed = sorted(set(args.methods) | {"uniform"}, key=list(METHODS).index)
@@ -407,18 +413,28 @@ def main(argv=None) -> int:
                                                   warmup=max(2, args.cost_block_steps // 2), threads=args.threads,
                                                   extra=args.extra)}
         log("cost ratios: " + ", ".join(f"{m} {c['cost_ratio']:.3f}" for m, c in costs.items()))
+        costs_file.write_text(json.dumps({"code_hash": this_hash, "git_commit": git("rev-parse", "HEAD"),
+                                          "threads": args.threads, "costs": costs}, indent=1))
     costs = costs or {}
 
     # 2. Training runs (skipped when finished; resumed when partial).
     jobs = []
-    for m in args.methods:
-        ratio = costs.get(m, {}).get("cost_ratio", 1.0)
-        steps, evals = plan(m, ratio, args.budget_steps, points)
-        for seed in args.seeds:
+    for seed in args.seeds:  # seed-major: a complete one-seed table first, then two seeds, ...
+        for m in args.methods:
+            ratio = costs.get(m, {}).get("cost_ratio", 1.0)
+            steps, evals = plan(m, ratio, args.budget_steps, points)
             d = run_dir(work, m, seed)
             done = read_run(d)
             if {e["step"] for e in done["evals"]} >= set(evals):
                 continue
+            if not args.report_only:
+                d.mkdir(parents=True, exist_ok=True)
+                prov = d / "provenance.json"
+                if prov.exists() and json.loads(prov.read_text()).get("code_hash") != this_hash:
+                    log(f"warning: {d} was started with other code; it continues, and its row will say so")
+                elif not prov.exists():
+                    prov.write_text(json.dumps({"code_hash": this_hash, "git_commit": git("rev-parse", "HEAD"),
+                                                "cost_ratio": ratio, "planned_steps": steps, "eval_steps": evals}))
             jobs.append((m, seed, train_command(m, seed, d, steps, evals, args), d))
     if jobs and not args.report_only:
         log(f"{len(jobs)} training runs, {args.parallel} at a time")
@@ -438,11 +454,17 @@ def main(argv=None) -> int:
             if not r["evals"]:
                 continue
             info = json.loads((d / "run_info.json").read_text()) if (d / "run_info.json").exists() else {}
+            prov = json.loads((d / "provenance.json").read_text()) if (d / "provenance.json").exists() else {}
             rows[(m, seed)] = {"method": m, "seed": seed, "cost_ratio": ratio, "cost_ratio_used": 1.0 if ratio <= COST_FREE else ratio,
-                               "planned_steps": steps, "eval_steps": evals, **r, "git_commit": commit, "code_hash": this_hash,
+                               "planned_steps": steps, "eval_steps": evals, **r,
+                               "git_commit": prov.get("git_commit", commit), "code_hash": prov.get("code_hash", this_hash),
                                "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
                                "command": " ".join(train_command(m, seed, d, steps, evals, args)),
                                "run_git_commit": info.get("git_commit")}
+    for key, r in list(rows.items()):
+        if r["code_hash"] != this_hash:
+            excluded.append(f"{r['method']}/seed{r['seed']} ({r['git_commit'][:8]})")
+            del rows[key]
     row_list = sorted(rows.values(), key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
     summary = aggregate(row_list, args.budget_steps, points)
     meta = {"date": date, "command": " ".join(["python", "benchmarks/compare_methods.py", *(argv or sys.argv[1:])]),
