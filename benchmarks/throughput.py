@@ -163,13 +163,19 @@ def memory_table(data: Path, args) -> list[dict]:
     return rows
 
 
+def fmt_load(load) -> str:
+    return "/".join(f"{x:.1f}" for x in load) if load else "?"
+
+
 def write_readme(res: dict, path: Path) -> None:
     L = [f"# Throughput ({res['date']}, {res['machine']})", "",
          f"Command: `{res['command']}`; commit `{res['git_commit']}`; torch {res['versions']['torch']}. "
          "img/s = median over windows after warm-up; the kinds ran in fresh processes in rotating order (so load changes "
          "on this shared machine hit all of them). `-compile` = `--compile` (torch.compile); its one-off compilation is "
          "the 'first call' column, not part of img/s. Peak memory = process peak RSS on the CPU (includes the Python "
-         "runtime and the dataset), CUDA max allocated on a GPU.", "",
+         "runtime and the dataset), CUDA max allocated on a GPU. Load average (1/5/15 min) at start "
+         f"{fmt_load(res.get('load_average_start'))}, at end {fmt_load(res.get('load_average_end'))} on "
+         f"{os.cpu_count()} CPUs.", "",
          "## Training: our loop vs the conventional Diffusers-example loop", "",
          "| preset | batch | loop | precision | img/s | vs conventional | first call s | peak MB |", "|---|---|---|---|---|---|---|---|"]
     for preset, r in res["train"].items():
@@ -185,7 +191,8 @@ def write_readme(res: dict, path: Path) -> None:
                 L.append(f"| {preset} | {r['batch']} | {r['steps']} | {kind.replace('sample-', '')} | {v['mixed_precision']} | "
                          f"{v['img_per_s']:.1f} | {v['speedup']:.2f}x | {v['first_call_seconds']:.1f} |")
     if res.get("methods"):
-        L += ["", "## Per-step cost of each timestep method relative to uniform (cpu-tiny16, one process, interleaved)",
+        src = f" (measured by `{res['methods_source']}`, same code)" if res.get("methods_source") else ""
+        L += ["", f"## Per-step cost of each timestep method relative to uniform (cpu-tiny16, one process, interleaved){src}",
               "", "| method | s/step | cost ratio |", "|---|---|---|"]
         for m, c in res["methods"].items():
             L.append(f"| {m} | {c['seconds_per_step']:.4f} | {c['cost_ratio']:.3f} |")
@@ -211,6 +218,8 @@ def parse_args(argv=None):
     p.add_argument("--sample_batch", type=int, default=256)
     p.add_argument("--memory_batches", type=int, nargs="*", default=[8, 32])
     p.add_argument("--no_methods", action="store_true")
+    p.add_argument("--costs", type=Path, default=None,
+                   help="reuse the method cost ratios of compare_methods.py (its costs.json) if measured on this code")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--preset", default=None, help=argparse.SUPPRESS)
@@ -246,9 +255,19 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     import compare_methods as cm
 
+    saved_costs = None
+    if args.costs:
+        try:
+            saved_costs = json.loads(args.costs.read_text())
+        except (OSError, ValueError) as e:
+            print(f"error: cannot read --costs {args.costs}: {e}", file=sys.stderr)
+            return 2
+        if saved_costs.get("code_hash") != cm.code_hash():
+            print(f"error: {args.costs} was measured on other code; drop --costs to measure again", file=sys.stderr)
+            return 2
     res = {"date": date, "command": " ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]),
            "git_commit": cm.git("rev-parse", "HEAD"), "machine": cm.machine()["cpu"], "versions": cm.versions(),
-           "data": str(data), "train": {}, "sample": {}}
+           "data": str(data), "train": {}, "sample": {}, "load_average_start": os.getloadavg()}
     for preset in args.presets:
         batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
         print(f"training {preset} batch {batch}: ours vs conventional", flush=True)
@@ -266,13 +285,16 @@ def main(argv=None) -> int:
             argparse.Namespace(**{**vars(args), "window_steps": 1, "windows": 2, "warmup": 1, "sample_steps": steps}),
             args.rounds)}
         print("  " + ", ".join(f"{k} {res['sample'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
-    if not args.no_methods:
+    if saved_costs and not args.no_methods:
+        res["methods"], res["methods_source"] = saved_costs["costs"], str(args.costs)
+    elif not args.no_methods:
         print("timestep-method overheads (one process, interleaved)", flush=True)
         res["methods"] = cm.measure_costs(list(cm.METHODS), data, block_steps=40, blocks=5, warmup=20,
                                           threads=os.cpu_count() or 1, extra=["--max_train_samples", "4096"])
     if args.memory_batches:
         print("memory table ddpm-cifar10", flush=True)
         res["memory"] = memory_table(data, args)
+    res["load_average_end"] = os.getloadavg()
     (out / "results.json").write_text(json.dumps(res, indent=1))
     write_readme(res, out / "README.md")
     print(f"report: {out}", flush=True)

@@ -56,3 +56,24 @@ def test_quick_mode_runs_every_stage(tmp_path):
     # a second invocation reuses the finished runs and the measured costs
     proc = run_cli("benchmarks/compare_methods.py", ["--quick", "--out", str(out), "--work", str(work)])
     assert "training runs" not in proc.stdout and "measuring cost" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_throughput_quick_mode_compares_side_by_side(tmp_path):
+    from conftest import run_cli
+
+    out = tmp_path / "tp"
+    bad = tmp_path / "costs.json"
+    bad.write_text(json.dumps({"code_hash": "not-this-code", "costs": {}}))
+    proc = run_cli("benchmarks/throughput.py", ["--quick", "--out", str(out), "--costs", str(bad)], check=False)
+    assert proc.returncode == 2 and "measured on other code" in proc.stderr and not (out / "results.json").exists()
+    run_cli("benchmarks/throughput.py", ["--quick", "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    train, sample = res["train"]["cpu-tiny16"], res["sample"]["cpu-tiny16"]
+    assert train["train-conventional"]["speedup"] == 1.0 and sample["sample-pipeline"]["speedup"] == 1.0
+    for kind in ("train-ours", "sample-ours"):
+        v = (train if kind.startswith("train") else sample)[kind]
+        assert v["img_per_s"] > 0 and len(v["windows"]) == 4  # 2 rounds x 2 windows, each in a fresh process
+    assert train["train-conventional"]["mixed_precision"] == "no" and len(res["load_average_end"]) == 3
+    table = (out / "README.md").read_text()
+    assert "| cpu-tiny16 | 8 | ours |" in table and "| cpu-tiny16 | 8 | conventional |" in table and "vs pipeline" in table
