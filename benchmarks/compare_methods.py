@@ -234,8 +234,12 @@ def interpolate_crossing(xs: list[float], ys: list[float], target: float) -> flo
 def aggregate(rows: list[dict], budget: int, points: tuple[int, ...]) -> dict:
     """Per method: mean/std FD at each uniform-equivalent point, time to uniform's final FD, speed-up."""
     by_method: dict[str, list[dict]] = {}
+    running: dict[str, list[str]] = {}
     for r in rows:
-        by_method.setdefault(r["method"], []).append(r)
+        if complete(r):
+            by_method.setdefault(r["method"], []).append(r)
+        else:  # a run still in progress (or stopped early) never enters a mean; it is listed as such
+            running.setdefault(r["method"], []).append(f"seed {r['seed']} at step {r['steps']}")
     summary = {}
     for m, rs in by_method.items():
         c = rs[0]["cost_ratio_used"]
@@ -249,9 +253,14 @@ def aggregate(rows: list[dict], budget: int, points: tuple[int, ...]) -> dict:
                    for p in curve]
         summary[m] = {"cost_ratio": rs[0]["cost_ratio"], "cost_ratio_used": c, "seeds": sorted(r["seed"] for r in rs),
                       "curve": curve, "minutes": minutes,
-                      "steps_reached": [r["steps"] for r in rs]}
+                      "steps_reached": [r["steps"] for r in rs], "running": running.pop(m, [])}
+    for m, runs in running.items():
+        summary[m] = {"cost_ratio": next(r["cost_ratio"] for r in rows if r["method"] == m),
+                      "cost_ratio_used": next(r["cost_ratio_used"] for r in rows if r["method"] == m),
+                      "seeds": [], "curve": [], "minutes": [], "steps_reached": [], "running": runs}
     if "uniform" in summary and summary["uniform"]["curve"] and summary["uniform"]["curve"][-1]["equiv_step"] == budget:
         target = summary["uniform"]["curve"][-1]["mean"]
+        final = {r["seed"]: r for r in by_method["uniform"]}
         for m, s in summary.items():
             xs = [p["equiv_step"] for p in s["curve"]]
             ys = [p["mean"] for p in s["curve"]]
@@ -259,7 +268,51 @@ def aggregate(rows: list[dict], budget: int, points: tuple[int, ...]) -> dict:
             s["target_fd"] = target
             s["equiv_steps_to_target"] = cross
             s["speedup"] = budget / cross if cross else None
+            # paired by seed: the method's seed-k curve against uniform's seed-k final FD
+            s["speedup_by_seed"] = {}
+            for r in by_method.get(m, []):
+                if r["seed"] in final:
+                    c = r["cost_ratio_used"]
+                    tgt = next(e["fd"] for e in final[r["seed"]]["evals"] if e["step"] == budget)
+                    pts = sorted((e["step"] * c, e["fd"]) for e in r["evals"])
+                    x = interpolate_crossing([p[0] for p in pts], [p[1] for p in pts], tgt)
+                    s["speedup_by_seed"][r["seed"]] = budget / x if x else None
     return summary
+
+
+def complete(row: dict) -> bool:
+    """Every planned evaluation of the run is recorded."""
+    return {e["step"] for e in row["evals"]} >= set(row.get("eval_steps", ()))
+
+
+def bar_verdict(summary: dict, max_cost: float = 1.02, min_speedup: float = 2.0) -> list[str]:
+    """The issue's three conditions for `adaptive`, checked on this table (lines for the README)."""
+    a = summary.get("adaptive")
+    if not a or not a["curve"] or "target_fd" not in a:
+        return ["Not enough finished runs to check the bar yet."]
+    sp = a.get("speedup")
+    out = [f"1. speed-up >= {min_speedup:g}x: {'yes' if sp and sp >= min_speedup else 'no'} "
+           f"({f'{sp:.2f}x' if sp else 'uniform final FD not reached'} on the mean curves)"]
+    fa, sa = a["curve"][-1]["mean"], a["curve"][-1]["std"]
+    worse, unclear = [], []
+    for m, s in sorted(summary.items()):
+        if m == "adaptive" or not s["curve"] or s["curve"][-1]["equiv_step"] != a["curve"][-1]["equiv_step"]:
+            continue
+        fb, sb = s["curve"][-1]["mean"], s["curve"][-1]["std"]
+        if fa >= fb:
+            worse.append(f"{m} {fb:.3f}")
+        elif min(len(a["seeds"]), len(s["seeds"])) < 2 or fb - fa <= max(sa, sb):
+            unclear.append(m)
+    baselines = [m for m, s in summary.items() if m != "adaptive" and s["curve"]]
+    missing = [m for m in METHODS if m != "adaptive" and m not in baselines]
+    out.append(f"2. lower mean FD at the budget than every baseline, by more than the seed spread: "
+               f"{'no' if worse or unclear or missing else 'yes'} (adaptive {fa:.3f} +- {sa:.3f}"
+               + (f"; not lower than {', '.join(worse)}" if worse else "")
+               + (f"; gap within the seed spread or < 2 seeds: {', '.join(unclear)}" if unclear else "")
+               + (f"; not finished: {', '.join(missing)}" if missing else "") + ")")
+    c = a["cost_ratio"]
+    out.append(f"3. per-step cost <= {max_cost:g}: {'yes' if c <= max_cost else 'no'} (measured {c:.3f})")
+    return out
 
 
 def write_plot(summary: dict, path: Path, title: str) -> None:
@@ -296,26 +349,35 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
     quick = " - QUICK SMOKE TEST on generated data, numbers mean nothing" if meta.get("quick") else ""
     lines = [f"# Timestep methods at equal cost - CPU proxy protocol ({meta['date']}){quick}", "",
              "CPU proxy FD (not FID) of the EMA model, 1,000 images, 50-step DDPM ancestral sampling, "
-             f"`cpu-tiny16`, budget {budget} uniform-equivalent steps; mean +- std over training seeds "
-             f"{', '.join(map(str, meta['seeds']))}. Protocol: `shared/benchmark/PROTOCOL.md`. "
+             f"`cpu-tiny16`, budget {budget} uniform-equivalent steps; mean +- std over the finished training seeds "
+             f"(of {', '.join(map(str, meta['seeds']))}). Protocol: `shared/benchmark/PROTOCOL.md`. "
              f"Raw numbers: `results.json`; plot: `fd_vs_time.png`.", "",
              f"Command: `{meta['command']}`  ", f"Commit: `{meta['git_commit']}` (code hash `{meta['code_hash']}`), "
              f"{meta['machine']['cpu']}, torch {meta['versions']['torch']}, diffusers {meta['versions']['diffusers']}", "",
-             "| method | FD at budget | steps run | uniform-equivalent steps to uniform's final FD | speed-up | cost ratio measured (used) |",
-             "|---|---|---|---|---|---|"]
+             "Only finished runs enter the means; runs still in progress are listed in the last column. Speed-up = "
+             "uniform's budget / the uniform-equivalent steps at which the method's mean curve reaches uniform's mean "
+             "final FD (linear interpolation between evaluation points); per seed = the same, each seed against "
+             "uniform's run with that seed.", "",
+             "| method | seeds | FD at budget | steps run | uniform-equivalent steps to uniform's final FD | speed-up | "
+             "speed-up per seed | cost ratio measured (used) | in progress |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for m in sorted(summary, key=lambda k: (summary[k]["curve"][-1]["mean"] if summary[k]["curve"] else math.inf)):
         s = summary[m]
-        fd = f"{s['curve'][-1]['mean']:.3f} +- {s['curve'][-1]['std']:.3f}" if s["curve"] and s["curve"][-1]["equiv_step"] == budget else "incomplete"
+        fd = f"{s['curve'][-1]['mean']:.3f} +- {s['curve'][-1]['std']:.3f}" if s["curve"] and s["curve"][-1]["equiv_step"] == budget else "-"
         cross, speedup = s.get("equiv_steps_to_target"), s.get("speedup")
-        lines.append(f"| {m} | {fd} | {', '.join(map(str, s['steps_reached']))} | "
+        per_seed = ", ".join(f"{k}: {f'{v:.2f}x' if v else 'not reached'}" for k, v in s.get("speedup_by_seed", {}).items())
+        lines.append(f"| {m} | {len(s['seeds'])} | {fd} | {', '.join(map(str, s['steps_reached'])) or '-'} | "
                      f"{f'{cross:.0f}' if cross else 'not reached'} | {f'{speedup:.2f}x' if speedup else '-'} | "
-                     f"{s['cost_ratio']:.3f} ({s['cost_ratio_used']:.3f}) |")
+                     f"{per_seed or '-'} | {s['cost_ratio']:.3f} ({s['cost_ratio_used']:.3f}) | "
+                     f"{'; '.join(s.get('running', [])) or '-'} |")
     points = sorted({p["equiv_step"] for s in summary.values() for p in s["curve"]})
     lines += ["", "FD at each evaluation point (uniform-equivalent steps; mean +- std):", "",
               "| method | " + " | ".join(map(str, points)) + " |", "|---|" + "---|" * len(points)]
     for m, s in sorted(summary.items()):
         cells = {p["equiv_step"]: f"{p['mean']:.2f} +- {p['std']:.2f}" for p in s["curve"]}
         lines.append(f"| {m} | " + " | ".join(cells.get(p, "-") for p in points) + " |")
+    lines += ["", "The bar for `adaptive` (issue: >= 2x, best FD at the budget beyond the seed spread, <= 2% per step), "
+              "checked on this table:", "", *bar_verdict(summary)]
     if meta.get("excluded"):
         lines += ["", "Left out (measured with other code): " + ", ".join(meta["excluded"])]
     path.write_text("\n".join(lines) + "\n")

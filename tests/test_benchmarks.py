@@ -8,7 +8,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(__import__("conftest").ROOT / "benchmarks"))
-from compare_methods import aggregate, interpolate_crossing, plan, used_ratio  # noqa: E402
+from compare_methods import aggregate, bar_verdict, interpolate_crossing, plan, used_ratio  # noqa: E402
 
 
 def test_crossing_is_interpolated_between_evaluation_points():
@@ -37,6 +37,27 @@ def test_speedup_is_uniform_budget_over_steps_to_uniforms_final_fd():
     assert summ["uniform"]["curve"][-1]["mean"] == pytest.approx(4.5) and summ["uniform"]["speedup"] == pytest.approx(1.0)
     assert summ["fast"]["equiv_steps_to_target"] == pytest.approx(1000)  # reaches 4.5 at its first point
     assert summ["fast"]["speedup"] == pytest.approx(2.0)
+
+
+def curve_row(method: str, seed: int, fds: dict[int, float], planned=(1000, 2000), cost=1.0) -> dict:
+    return {"method": method, "seed": seed, "cost_ratio": cost, "cost_ratio_used": cost, "steps": max(fds),
+            "eval_steps": list(planned), "evals": [{"step": k, "fd": v, "train_seconds": k / 10} for k, v in fds.items()]}
+
+
+def test_unfinished_runs_stay_out_of_the_means_and_the_bar_is_checked_honestly():
+    rows = [curve_row("uniform", s, {1000: 8.0, 2000: 4.0 + 0.1 * s}) for s in (0, 1)]
+    rows += [curve_row("adaptive", s, {1000: 3.0 + 0.1 * s, 2000: 2.0 + 0.1 * s}) for s in (0, 1)]
+    rows += [curve_row("adaptive", 2, {1000: 99.0}), curve_row("p2", 0, {1000: 5.0, 2000: 3.0})]
+    summ = aggregate(rows, 2000, (1000, 2000))
+    assert summ["adaptive"]["seeds"] == [0, 1] and summ["adaptive"]["running"] == ["seed 2 at step 1000"]
+    assert summ["adaptive"]["curve"][0]["mean"] == pytest.approx(3.05)  # the unfinished seed's 99 is not in it
+    assert summ["adaptive"]["speedup_by_seed"] == {0: pytest.approx(2.0), 1: pytest.approx(2.0)}
+    verdict = bar_verdict(summ)
+    assert verdict[0].startswith("1. speed-up >= 2x: yes")
+    # p2 has one seed: its gap to adaptive cannot be judged against a spread; unfinished baselines are named
+    assert verdict[1].startswith("2. lower mean FD") and ": no (" in verdict[1] and "p2" in verdict[1] and "kim2025" in verdict[1]
+    rows[-1:] = [curve_row("p2", s, {1000: 5.0, 2000: 1.5}) for s in (0, 1)]
+    assert "not lower than p2 1.500" in bar_verdict(aggregate(rows, 2000, (1000, 2000)))[1]
 
 
 @pytest.mark.slow
