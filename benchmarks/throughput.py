@@ -27,6 +27,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 PROTOCOL_DATA = ROOT.parent / "shared" / "datasets" / "cifar10-jpeg" / "train.zip"
 
+# Ablations: our loop with one of its choices switched back (label -> worker kind + flags), to measure each one's effect.
+VARIANTS = {
+    "train-ours-fp32": ("train-ours", ["--mixed_precision", "no"]),
+    "train-ours-sdpa": ("train-ours", ["--attention_impl", "sdpa"]),
+    "train-ours-fp32-sdpa": ("train-ours", ["--mixed_precision", "no", "--attention_impl", "sdpa"]),
+    "train-ours-channels_last": ("train-ours", ["--channels_last"]),
+}
+
 # CPU batch per preset for the training comparison (ddpm-cifar10's 128 would take minutes per step on a CPU).
 CPU_BATCH = {"cpu-tiny16": 128, "cpu-tiny": 128, "ddpm-cifar10": 16}
 
@@ -136,7 +144,8 @@ def side_by_side(kinds: list[str], reference: str, preset: str, data: Path, batc
     res = {k: [] for k in kinds}
     for r in range(rounds):
         for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
-            res[kind].append(run_worker(kind, preset, data, batch, args))
+            worker_kind, flags = VARIANTS.get(kind, (kind, []))
+            res[kind].append(run_worker(worker_kind, preset, data, batch, args, flags))
     out = {}
     for kind, runs in res.items():
         windows = [w for r in runs for w in r["windows"]]
@@ -218,6 +227,8 @@ def parse_args(argv=None):
     p.add_argument("--sample_batch", type=int, default=256)
     p.add_argument("--memory_batches", type=int, nargs="*", default=[8, 32])
     p.add_argument("--no_methods", action="store_true")
+    p.add_argument("--ablations", nargs="*", default=None, metavar="PRESET",
+                   help="only the ablation table (each of our choices switched back) for these presets")
     p.add_argument("--costs", type=Path, default=None,
                    help="reuse the method cost ratios of compare_methods.py (its costs.json) if measured on this code")
     p.add_argument("--quick", action="store_true")
@@ -226,6 +237,32 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def ablations(args, data: Path, out: Path, res: dict) -> int:
+    """Our training step with each optimisation switched back, side by side with the default: ablations.json/.md."""
+    res["ablations"] = {}
+    for preset in args.ablations or ["cpu-tiny16", "cpu-tiny"]:
+        batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
+        print(f"ablations {preset} batch {batch}", flush=True)
+        kinds = ["train-ours", *VARIANTS]
+        res["ablations"][preset] = {"batch": batch, **side_by_side(kinds, "train-ours", preset, data, batch, args, args.rounds)}
+        print("  " + ", ".join(f"{k} {res['ablations'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
+    res["load_average_end"] = os.getloadavg()
+    (out / "ablations.json").write_text(json.dumps(res, indent=1))
+    L = [f"# Ablations of our training step ({res['date']}, {res['machine']})", "",
+         f"Command: `{res['command']}`; commit `{res['git_commit']}`. img/s relative to our default step (bf16 autocast, "
+         "classic attention kernel on the CPU, NCHW), each variant in fresh processes in rotating order. Load average "
+         f"at start {fmt_load(res['load_average_start'])}, at end {fmt_load(res['load_average_end'])} on {os.cpu_count()} CPUs.",
+         "", "| preset | batch | variant | flags | img/s | vs default |", "|---|---|---|---|---|---|"]
+    for preset, r in res["ablations"].items():
+        for kind, v in r.items():
+            if isinstance(v, dict):
+                flags = " ".join(VARIANTS.get(kind, ("", []))[1]) or "(default)"
+                L.append(f"| {preset} | {r['batch']} | {kind.replace('train-', '')} | `{flags}` | {v['img_per_s']:.1f} | {v['speedup']:.2f}x |")
+    (out / "ablations.md").write_text("\n".join(L) + "\n")
+    print(f"report: {out / 'ablations.md'}", flush=True)
+    return 0
 
 
 def generated_data(folder: Path) -> Path:
@@ -268,6 +305,8 @@ def main(argv=None) -> int:
     res = {"date": date, "command": " ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]),
            "git_commit": cm.git("rev-parse", "HEAD"), "machine": cm.machine()["cpu"], "versions": cm.versions(),
            "data": str(data), "train": {}, "sample": {}, "load_average_start": os.getloadavg()}
+    if args.ablations is not None:
+        return ablations(args, data, out, res)
     for preset in args.presets:
         batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
         print(f"training {preset} batch {batch}: ours vs conventional", flush=True)
