@@ -34,17 +34,46 @@ def build_noise_scheduler(cfg: TrainConfig) -> DDPMScheduler:
     )
 
 
+# Training under CPU bf16 autocast: attention over at most this many tokens runs in fp32 (measured in
+# docs/performance.md: at 64 tokens the fp32 SDPA forward+backward is ~1.4x faster than bf16 classic and ~2x faster
+# than bf16 SDPA on an AVX-512-BF16 CPU; at 256 tokens the two precisions are even and bf16 SDPA wins for wider layers).
+CPU_FP32_ATTENTION_MAX_TOKENS = 64
+
+
+def attention_tokens(hidden_states) -> int:
+    """Sequence length an attention block sees: H*W for (B, C, H, W) input, L for (B, L, C)."""
+    return hidden_states.shape[-1] * hidden_states.shape[-2] if hidden_states.ndim == 4 else hidden_states.shape[1]
+
+
+def _cpu_attention_processor():
+    import torch
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    class CpuAttnProcessor(AttnProcessor2_0):
+        """SDPA; while training under CPU bf16 autocast, short sequences run in fp32 (faster there, and exact-er)."""
+
+        def __call__(self, attn, hidden_states, *args, **kwargs):
+            if (hidden_states.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
+                    and attention_tokens(hidden_states) <= CPU_FP32_ATTENTION_MAX_TOKENS):
+                with torch.autocast("cpu", enabled=False):
+                    return super().__call__(attn, hidden_states.float(), *args, **kwargs)
+            return super().__call__(attn, hidden_states, *args, **kwargs)
+
+    return CpuAttnProcessor()
+
+
 def configure_attention(unet, impl: str = "auto", device_type: str = "cpu"):
     """Pick the attention kernel: 'sdpa' (torch scaled_dot_product_attention, Diffusers' default), 'classic'
-    (Diffusers' AttnProcessor: baddbmm + softmax), or 'auto' = classic on the CPU, sdpa elsewhere.
-
-    Same math either way. On the CPU the bf16 SDPA kernels are slow for the small heads of these U-Nets
-    (docs/performance.md: attention backward was ~46% of a cpu-tiny16 step); the classic path is ~1.7x faster there.
+    (Diffusers' AttnProcessor: baddbmm + softmax), or 'auto' = SDPA, on the CPU with short sequences computed in fp32
+    while training under bf16 autocast (CPU_FP32_ATTENTION_MAX_TOKENS; bf16 SDPA backward over 8-channel heads is
+    slow on the CPU). Same math every way; returns the U-Net.
     """
     from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
-    use = ("classic" if device_type == "cpu" else "sdpa") if impl == "auto" else impl
-    proc = AttnProcessor() if use == "classic" else AttnProcessor2_0()
+    if impl == "auto":
+        proc = _cpu_attention_processor() if device_type == "cpu" else AttnProcessor2_0()
+    else:
+        proc = AttnProcessor() if impl == "classic" else AttnProcessor2_0()
     for module in unet.modules():
         if isinstance(module, Attention):
             module.set_processor(proc)

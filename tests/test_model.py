@@ -1,0 +1,46 @@
+"""adaptive/model.py: the attention-kernel choice keeps the math; only the kernel and its precision change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.models.attention_processor import Attention
+
+from adaptive.model import CPU_FP32_ATTENTION_MAX_TOKENS, attention_tokens, configure_attention
+
+
+class Holder(torch.nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.attn = Attention(channels, heads=channels // 8, dim_head=8, rescale_output_factor=1.0, eps=1e-5,
+                              norm_num_groups=8, residual_connection=True, bias=True, upcast_softmax=True,
+                              _from_deprecated_attn_block=True)
+
+
+def run(module: Holder, impl: str, x: torch.Tensor, autocast: bool) -> torch.Tensor:
+    configure_attention(module, impl, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        return module.attn(x)
+
+
+@pytest.mark.parametrize("side", [8, 16])
+def test_auto_attention_on_the_cpu_is_sdpa_with_short_sequences_in_fp32_while_training(side):
+    torch.manual_seed(0)
+    m = Holder(32)
+    x = torch.randn(4, 32, side, side, requires_grad=True)
+    assert attention_tokens(x) == side * side and attention_tokens(x.flatten(2).transpose(1, 2)) == side * side
+    auto = run(m, "auto", x, autocast=True)
+    if side * side <= CPU_FP32_ATTENTION_MAX_TOKENS:
+        # the whole block in fp32: exactly what SDPA gives without autocast
+        assert auto.dtype == torch.float32 and torch.equal(auto, run(m, "sdpa", x, autocast=False))
+    else:
+        assert torch.equal(auto, run(m, "sdpa", x, autocast=True))
+    # classic, sdpa and auto are the same attention up to precision
+    ref = run(m, "classic", x, autocast=False)
+    for impl in ("sdpa", "auto"):
+        torch.testing.assert_close(run(m, impl, x, autocast=False), ref, atol=1e-5, rtol=1e-5)
+    auto.float().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    # without gradients (sampling) auto stays in the ambient precision, like sdpa
+    with torch.no_grad():
+        assert torch.equal(run(m, "auto", x, autocast=True), run(m, "sdpa", x, autocast=True))
