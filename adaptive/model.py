@@ -34,9 +34,9 @@ def build_noise_scheduler(cfg: TrainConfig) -> DDPMScheduler:
     )
 
 
-# Training under CPU bf16 autocast: attention over at most this many tokens runs in fp32 (measured in
-# docs/performance.md: at 64 tokens the fp32 SDPA forward+backward is ~1.4x faster than bf16 classic and ~2x faster
-# than bf16 SDPA on an AVX-512-BF16 CPU; at 256 tokens the two precisions are even and bf16 SDPA wins for wider layers).
+# Training under CPU bf16 autocast: attention over at most this many tokens runs in fp32. Measured by
+# benchmarks/attention_kernels.py (docs/benchmarks/throughput/): at 64 tokens (cpu-tiny16) fp32 SDPA forward+backward
+# is ~1.7x faster than bf16 classic and ~2.3x faster than bf16 SDPA; at 256 tokens the precisions are within noise.
 CPU_FP32_ATTENTION_MAX_TOKENS = 64
 
 
