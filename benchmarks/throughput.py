@@ -185,6 +185,8 @@ def write_readme(res: dict, path: Path) -> None:
          "runtime and the dataset), CUDA max allocated on a GPU. Load average (1/5/15 min) at start "
          f"{fmt_load(res.get('load_average_start'))}, at end {fmt_load(res.get('load_average_end'))} on "
          f"{os.cpu_count()} CPUs.", "",
+         *([] if res.get("complete", True) else ["**Partial run**: the sections below are those measured before it "
+                                                   "was stopped.", ""]),
          "## Training: our loop vs the conventional Diffusers-example loop", "",
          "| preset | batch | loop | precision | img/s | vs conventional | first call s | peak MB |", "|---|---|---|---|---|---|---|---|"]
     for preset, r in res["train"].items():
@@ -307,6 +309,11 @@ def main(argv=None) -> int:
            "data": str(data), "train": {}, "sample": {}, "load_average_start": os.getloadavg()}
     if args.ablations is not None:
         return ablations(args, data, out, res)
+    def save(complete: bool) -> None:  # after every section, so that an interrupted run keeps what it measured
+        res["complete"], res["load_average_end"] = complete, os.getloadavg()
+        (out / "results.json").write_text(json.dumps(res, indent=1))
+        write_readme(res, out / "README.md")
+
     for preset in args.presets:
         batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
         print(f"training {preset} batch {batch}: ours vs conventional", flush=True)
@@ -315,6 +322,7 @@ def main(argv=None) -> int:
         res["train"][preset] = {"batch": batch, **side_by_side(kinds, "train-conventional", preset, data, batch, args,
                                                               args.rounds)}
         print("  " + ", ".join(f"{k} {res['train'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
+        save(False)
     for preset in args.presets[:1] if args.quick else [p for p in args.presets if p != "ddpm-cifar10"]:
         print(f"sampling {preset}: ours vs DDPMPipeline", flush=True)
         kinds = ["sample-ours", "sample-ours-compile", "sample-pipeline"] if not args.quick else ["sample-ours", "sample-pipeline"]
@@ -324,6 +332,7 @@ def main(argv=None) -> int:
             argparse.Namespace(**{**vars(args), "window_steps": 1, "windows": 2, "warmup": 1, "sample_steps": steps}),
             args.rounds)}
         print("  " + ", ".join(f"{k} {res['sample'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
+        save(False)
     if saved_costs and not args.no_methods:
         res["methods"], res["methods_source"] = saved_costs["costs"], str(args.costs)
     elif not args.no_methods:
@@ -333,9 +342,7 @@ def main(argv=None) -> int:
     if args.memory_batches:
         print("memory table ddpm-cifar10", flush=True)
         res["memory"] = memory_table(data, args)
-    res["load_average_end"] = os.getloadavg()
-    (out / "results.json").write_text(json.dumps(res, indent=1))
-    write_readme(res, out / "README.md")
+    save(True)
     print(f"report: {out}", flush=True)
     return 0
 
