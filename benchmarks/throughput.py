@@ -172,6 +172,30 @@ def memory_table(data: Path, args) -> list[dict]:
     return rows
 
 
+def write_plot(res: dict, path: Path) -> None:
+    """Bar chart of every kind's speed-up over its reference (conventional loop / DDPMPipeline), per preset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(f"train\n{p}\n{k.replace('train-', '')}", v["speedup"]) for p, r in res.get("train", {}).items()
+            for k, v in r.items() if isinstance(v, dict)]
+    bars += [(f"sample\n{p}\n{k.replace('sample-', '')}", v["speedup"]) for p, r in res.get("sample", {}).items()
+             for k, v in r.items() if isinstance(v, dict)]
+    if not bars:
+        return
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4.5), dpi=110)
+    ax.bar(range(len(bars)), [b[1] for b in bars], color=["tab:gray" if b[1] == 1.0 else "tab:blue" for b in bars])
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("img/s vs reference (conventional loop / DDPMPipeline = 1)", fontsize=8)
+    ax.set_title(f"Throughput {res['date']} ({res['machine']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def fmt_load(load) -> str:
     return "/".join(f"{x:.1f}" for x in load) if load else "?"
 
@@ -182,7 +206,7 @@ def write_readme(res: dict, path: Path) -> None:
          "img/s = median over windows after warm-up; the kinds ran in fresh processes in rotating order (so load changes "
          "on this shared machine hit all of them). `-compile` = `--compile` (torch.compile); its one-off compilation is "
          "the 'first call' column, not part of img/s. Peak memory = process peak RSS on the CPU (includes the Python "
-         "runtime and the dataset), CUDA max allocated on a GPU. Load average (1/5/15 min) at start "
+         "runtime and the dataset), CUDA max allocated on a GPU. Plot: `throughput.png`. Load average (1/5/15 min) at start "
          f"{fmt_load(res.get('load_average_start'))}, at end {fmt_load(res.get('load_average_end'))} on "
          f"{os.cpu_count()} CPUs.", "",
          *([] if res.get("complete", True) else ["**Partial run**: the sections below are those measured before it "
@@ -229,6 +253,7 @@ def parse_args(argv=None):
     p.add_argument("--sample_batch", type=int, default=256)
     p.add_argument("--memory_batches", type=int, nargs="*", default=[8, 32])
     p.add_argument("--no_methods", action="store_true")
+    p.add_argument("--report_only", action="store_true", help="rewrite README.md and throughput.png from results.json")
     p.add_argument("--ablations", nargs="*", default=None, metavar="PRESET",
                    help="only the ablation table (each of our choices switched back) for these presets")
     p.add_argument("--costs", type=Path, default=None,
@@ -307,12 +332,18 @@ def main(argv=None) -> int:
     res = {"date": date, "command": " ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]),
            "git_commit": cm.git("rev-parse", "HEAD"), "machine": cm.machine()["cpu"], "versions": cm.versions(),
            "data": str(data), "train": {}, "sample": {}, "load_average_start": os.getloadavg()}
+    if args.report_only:
+        res = json.loads((out / "results.json").read_text())
+        write_readme(res, out / "README.md")
+        write_plot(res, out / "throughput.png")
+        return 0
     if args.ablations is not None:
         return ablations(args, data, out, res)
     def save(complete: bool) -> None:  # after every section, so that an interrupted run keeps what it measured
         res["complete"], res["load_average_end"] = complete, os.getloadavg()
         (out / "results.json").write_text(json.dumps(res, indent=1))
         write_readme(res, out / "README.md")
+        write_plot(res, out / "throughput.png")
 
     for preset in args.presets:
         batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
