@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import torch
 from diffusers import DDPMScheduler, UNet2DModel
+from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
 from .config import TrainConfig
 
@@ -45,21 +47,15 @@ def attention_tokens(hidden_states) -> int:
     return hidden_states.shape[-1] * hidden_states.shape[-2] if hidden_states.ndim == 4 else hidden_states.shape[1]
 
 
-def _cpu_attention_processor():
-    import torch
-    from diffusers.models.attention_processor import AttnProcessor2_0
+class CpuAttnProcessor(AttnProcessor2_0):
+    """SDPA; while training under CPU bf16 autocast, short sequences run in fp32 (faster there, and exact-er)."""
 
-    class CpuAttnProcessor(AttnProcessor2_0):
-        """SDPA; while training under CPU bf16 autocast, short sequences run in fp32 (faster there, and exact-er)."""
-
-        def __call__(self, attn, hidden_states, *args, **kwargs):
-            if (hidden_states.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
-                    and attention_tokens(hidden_states) <= CPU_FP32_ATTENTION_MAX_TOKENS):
-                with torch.autocast("cpu", enabled=False):
-                    return super().__call__(attn, hidden_states.float(), *args, **kwargs)
-            return super().__call__(attn, hidden_states, *args, **kwargs)
-
-    return CpuAttnProcessor()
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        if (hidden_states.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
+                and attention_tokens(hidden_states) <= CPU_FP32_ATTENTION_MAX_TOKENS):
+            with torch.autocast("cpu", enabled=False):
+                return super().__call__(attn, hidden_states.float(), *args, **kwargs)
+        return super().__call__(attn, hidden_states, *args, **kwargs)
 
 
 def configure_attention(unet, impl: str = "auto", device_type: str = "cpu"):
@@ -68,10 +64,8 @@ def configure_attention(unet, impl: str = "auto", device_type: str = "cpu"):
     while training under bf16 autocast (CPU_FP32_ATTENTION_MAX_TOKENS; bf16 SDPA backward over 8-channel heads is
     slow on the CPU). Same math every way; returns the U-Net.
     """
-    from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
-
     if impl == "auto":
-        proc = _cpu_attention_processor() if device_type == "cpu" else AttnProcessor2_0()
+        proc = CpuAttnProcessor() if device_type == "cpu" else AttnProcessor2_0()
     else:
         proc = AttnProcessor() if impl == "classic" else AttnProcessor2_0()
     for module in unet.modules():
