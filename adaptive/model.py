@@ -50,7 +50,11 @@ def attention_tokens(hidden_states) -> int:
 class CpuAttnProcessor(AttnProcessor2_0):
     """SDPA; while training under CPU bf16 autocast, short sequences run in fp32 (faster there, and exact-er)."""
 
-    def __call__(self, attn, hidden_states, *args, **kwargs):
+    # The parent's named parameters, spelled out: Attention.forward inspects this signature and warns (every call)
+    # about, then drops, any keyword it does not name - e.g. the U-Net's temb.
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
+                 **kwargs):
+        kwargs.update(encoder_hidden_states=encoder_hidden_states, attention_mask=attention_mask, temb=temb)
         if (hidden_states.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
                 and attention_tokens(hidden_states) <= CPU_FP32_ATTENTION_MAX_TOKENS):
             with torch.autocast("cpu", enabled=False):

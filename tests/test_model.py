@@ -44,3 +44,20 @@ def test_auto_attention_on_the_cpu_is_sdpa_with_short_sequences_in_fp32_while_tr
     # without gradients (sampling) auto stays in the ambient precision, like sdpa
     with torch.no_grad():
         assert torch.equal(run(m, "auto", x, autocast=True), run(m, "sdpa", x, autocast=True))
+
+
+@pytest.mark.parametrize("impl", ["auto", "sdpa", "classic"])
+def test_every_attention_kernel_takes_the_unets_arguments_without_warnings(impl, monkeypatch):
+    # Attention.forward warns on every call about keywords the processor's signature does not name (and drops them)
+    import diffusers.models.attention_processor as ap
+    from diffusers import UNet2DModel
+
+    warned = []
+    monkeypatch.setattr(ap.logger, "warning", lambda msg, *a, **k: warned.append(msg))
+    unet = UNet2DModel(sample_size=8, block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=8,
+                       attention_head_dim=8, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                       up_block_types=("AttnUpBlock2D", "UpBlock2D"))
+    configure_attention(unet, impl, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        unet(torch.randn(2, 3, 8, 8), torch.tensor([1, 500])).sample.float().sum().backward()
+    assert warned == []
