@@ -244,3 +244,13 @@ def test_adaptive_anneals_from_gradient_balance_to_the_configured_objective():
     p, w = sampler.probabilities().double(), sampler.weight_of(torch.arange(T)).double()
     f = torch.rand(T, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     assert (p * w * f).sum().item() == pytest.approx((lam.double() * f).mean().item(), rel=1e-5)
+
+
+def test_adaptive_anneal_fraction_reaches_the_final_balance_early_and_stays():
+    sampler = make("adaptive", adaptive_anneal_fraction=0.5)[0]
+    betas = []
+    for progress in (0.0, 0.25, 0.5, 0.75, 1.0):
+        sampler.begin_step(0, progress)
+        betas.append(sampler.beta)
+    assert betas == pytest.approx([0.5, 0.25, 0.0, 0.0, 0.0])
+    assert "over 0.5 of the run" in sampler.describe()["objective"]

@@ -61,6 +61,7 @@ class AdaptiveSampler(TimestepSampler):
         self.beta0 = float(get("adaptive_balance", 0.5))
         final = get("adaptive_balance_final", 0.0)
         self.beta1 = self.beta0 if final is None else float(final)
+        self.anneal = float(get("adaptive_anneal_fraction", 1.0))
         self.progress = 0.0  # fraction of the run done, set by the loop each step (begin_step)
         self.uniform_mix = float(get("adaptive_uniform_mix", 0.1))
         self.rate = float(get("adaptive_ema", 0.05))
@@ -77,8 +78,8 @@ class AdaptiveSampler(TimestepSampler):
 
     @property
     def beta(self) -> float:
-        """Balance exponent now: beta0 -> beta1 linearly with the run's progress."""
-        return self.beta0 + (self.beta1 - self.beta0) * min(1.0, max(0.0, self.progress))
+        """Balance exponent now: beta0 -> beta1 linearly over the first `anneal` share of the run, then beta1."""
+        return self.beta0 + (self.beta1 - self.beta0) * min(1.0, max(0.0, self.progress / self.anneal))
 
     def begin_step(self, step: int, progress: float = 0.0) -> None:
         if progress != self.progress and self.beta0 != self.beta1:
@@ -188,9 +189,10 @@ class AdaptiveSampler(TimestepSampler):
         return d
 
     def describe(self):
-        return {**super().describe(), "balance": self.beta0, "balance_final": self.beta1, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
+        return {**super().describe(), "balance": self.beta0, "balance_final": self.beta1,
+                "anneal_fraction": self.anneal, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
                 "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
                 "proposal": self.proposal_kind,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
-                              f"{self.beta0:g} -> {self.beta1:g} over the run (online, EDM2-style balance)") if self.changes_objective else
+                              f"{self.beta0:g} -> {self.beta1:g} over {self.anneal:g} of the run (online, EDM2-style balance)") if self.changes_objective else
                 "configured objective E_t~U[w(t) MSE_t], unbiased, rescaled by a global factor"}
