@@ -197,7 +197,7 @@ def run(args) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from adaptive.sampling import make_scheduler
+    from adaptive.sampling import compile_for_sampling, make_scheduler
 
     pipe = load_pipeline(args.model_path)
     scheduler_config = make_scheduler(pipe.scheduler.config, "ddpm").config  # a DDPMScheduler config whatever was saved
@@ -222,7 +222,7 @@ def run(args) -> dict:
     if accelerator.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     if args.compile:
-        unet = torch.compile(unet)
+        unet = compile_for_sampling(unet)
     t0 = time.perf_counter()
     generate(accelerator, unet, scheduler_config, todo, args, out / "images")
     accelerator.wait_for_everyone()

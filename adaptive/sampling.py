@@ -68,6 +68,16 @@ def _noise(gens: list, shape: tuple, device: torch.device) -> torch.Tensor:
     return x.to(device)
 
 
+def compile_for_sampling(unet: torch.nn.Module) -> torch.nn.Module:
+    """torch.compile for a U-Net whose weights no longer change (a standalone sampler): inductor's `freezing` folds
+    the weights into the graph as constants (on the CPU, prepacked oneDNN convolutions). Not for a model that is still
+    trained: a frozen graph keeps the weights it was compiled with."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    return torch.compile(unet)
+
+
 @torch.no_grad()
 def ddpm_sample(unet: torch.nn.Module, scheduler_config, seeds: Sequence[int], num_inference_steps: int,
                 batch_size: int = 256, device: torch.device | str = "cpu",

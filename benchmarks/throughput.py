@@ -99,7 +99,7 @@ def worker(args) -> dict:
         from diffusers import DDPMPipeline
 
         from adaptive.model import build_noise_scheduler, build_unet, configure_attention
-        from adaptive.sampling import ddpm_sample
+        from adaptive.sampling import compile_for_sampling, ddpm_sample
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         unet = build_unet(cfg).to(device).eval()
@@ -107,7 +107,7 @@ def worker(args) -> dict:
         if kind == "sample-ours":
             configure_attention(unet, "sdpa", device.type)  # as sample.py: SDPA is the faster forward-only kernel
             if compile_:
-                unet.compile()
+                unet = compile_for_sampling(unet)  # as sample.py --compile
             dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
             autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
             seeds = iter(range(10**9))

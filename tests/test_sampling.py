@@ -150,3 +150,18 @@ def test_own_ddpm_step_is_bit_identical_to_the_scheduler(prediction_type):
         ref = s.step(out, t, x, generator=torch.Generator().manual_seed(i)).prev_sample
         prev = int(s.timesteps[i + 1]) if i + 1 < len(s.timesteps) else -1
         assert torch.equal(ddpm_step(s, out, t, prev, x, noise), ref)
+
+
+@pytest.mark.slow
+def test_compiled_sampling_gives_the_eager_images(model_path, batch4, tmp_path, monkeypatch):
+    # sample.py --compile: inductor with frozen weights; same images up to float rounding of fused kernels
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "freezing", False)  # restored after the test
+    out = tmp_path / "compiled"
+    assert _sample(model_path, out, "--num_images", 8, "--batch_size", 4, "--compile") == 0  # one batch shape
+    assert inductor_config.freezing
+    eager, compiled = np.stack(list(_pngs(batch4).values())[:8]), np.stack(list(_pngs(out).values()))
+    diff = np.abs(eager.astype(int) - compiled.astype(int))
+    assert diff.max() <= 2 and diff.mean() < 0.05, (diff.max(), diff.mean())
+    assert json.loads((out / "sampling.json").read_text())["compile"] is True
