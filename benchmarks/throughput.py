@@ -209,6 +209,11 @@ def write_readme(res: dict, path: Path) -> None:
          "runtime and the dataset), CUDA max allocated on a GPU. Plot: `throughput.png`. Load average (1/5/15 min) at start "
          f"{fmt_load(res.get('load_average_start'))}, at end {fmt_load(res.get('load_average_end'))} on "
          f"{os.cpu_count()} CPUs.", "",
+         *(["Sections measured separately (`--only`): " + "; ".join(
+             f"{name}: commit `{v['git_commit'][:7]}`, load {fmt_load(v.get('load_average_start'))} -> "
+             f"{fmt_load(v.get('load_average_end'))}" for name, v in res["sections"].items()), ""]
+           if len({v["git_commit"] for v in res.get("sections", {}).values()}) > 1
+           or any(v.get("command") != res["command"] for v in res.get("sections", {}).values()) else []),
          *([] if res.get("complete", True) else ["**Partial run**: the sections below are those measured before it "
                                                    "was stopped.", ""]),
          "## Training: our loop vs the conventional Diffusers-example loop", "",
@@ -240,6 +245,9 @@ def write_readme(res: dict, path: Path) -> None:
     path.write_text("\n".join(L) + "\n")
 
 
+SECTIONS = ("train", "sample", "methods", "memory")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--presets", nargs="+", default=["cpu-tiny16", "cpu-tiny", "ddpm-cifar10"])
@@ -253,6 +261,8 @@ def parse_args(argv=None):
     p.add_argument("--sample_batch", type=int, default=256)
     p.add_argument("--memory_batches", type=int, nargs="*", default=[8, 32])
     p.add_argument("--no_methods", action="store_true")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=None,
+                   help="measure only these sections and merge them into --out's existing results.json")
     p.add_argument("--report_only", action="store_true", help="rewrite README.md and throughput.png from results.json")
     p.add_argument("--ablations", nargs="*", default=None, metavar="PRESET",
                    help="only the ablation table (each of our choices switched back) for these presets")
@@ -339,13 +349,22 @@ def main(argv=None) -> int:
         return 0
     if args.ablations is not None:
         return ablations(args, data, out, res)
-    def save(complete: bool) -> None:  # after every section, so that an interrupted run keeps what it measured
+    sections = set(args.only or SECTIONS)
+    if args.only and (out / "results.json").exists():  # refresh some sections of an existing run, keep the rest
+        res = {**json.loads((out / "results.json").read_text()), "date": date}
+    runs = res.setdefault("sections", {})  # when, on what code and under what load each section was measured
+    started = {"command": " ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]),
+               "git_commit": cm.git("rev-parse", "HEAD"), "load_average_start": os.getloadavg()}
+
+    def save(complete: bool, section: str | None = None) -> None:  # after every section: an interrupted run keeps it
         res["complete"], res["load_average_end"] = complete, os.getloadavg()
+        if section:
+            runs[section] = {**started, "load_average_end": os.getloadavg()}
         (out / "results.json").write_text(json.dumps(res, indent=1))
         write_readme(res, out / "README.md")
         write_plot(res, out / "throughput.png")
 
-    for preset in args.presets:
+    for preset in args.presets if "train" in sections else []:
         batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
         print(f"training {preset} batch {batch}: ours vs conventional", flush=True)
         kinds = ["train-ours", "train-conventional"] if args.quick or preset == "ddpm-cifar10" else \
@@ -353,8 +372,9 @@ def main(argv=None) -> int:
         res["train"][preset] = {"batch": batch, **side_by_side(kinds, "train-conventional", preset, data, batch, args,
                                                               args.rounds)}
         print("  " + ", ".join(f"{k} {res['train'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
-        save(False)
-    for preset in args.presets[:1] if args.quick else [p for p in args.presets if p != "ddpm-cifar10"]:
+        save(False, "train")
+    sample_presets = args.presets[:1] if args.quick else [p for p in args.presets if p != "ddpm-cifar10"]
+    for preset in sample_presets if "sample" in sections else []:
         print(f"sampling {preset}: ours vs DDPMPipeline", flush=True)
         kinds = ["sample-ours", "sample-ours-compile", "sample-pipeline"] if not args.quick else ["sample-ours", "sample-pipeline"]
         steps = args.sample_steps if preset == "cpu-tiny16" or args.quick else max(1, args.sample_steps // 5)
@@ -363,16 +383,20 @@ def main(argv=None) -> int:
             argparse.Namespace(**{**vars(args), "window_steps": 1, "windows": 2, "warmup": 1, "sample_steps": steps}),
             args.rounds)}
         print("  " + ", ".join(f"{k} {res['sample'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
-        save(False)
-    if saved_costs and not args.no_methods:
+        save(False, "sample")
+    if "methods" in sections and saved_costs and not args.no_methods:
         res["methods"], res["methods_source"] = saved_costs["costs"], str(args.costs)
-    elif not args.no_methods:
+        save(False, "methods")
+    elif "methods" in sections and not args.no_methods:
         print("timestep-method overheads (one process, interleaved)", flush=True)
         res["methods"] = cm.measure_costs(list(cm.METHODS), data, block_steps=40, blocks=5, warmup=20,
                                           threads=os.cpu_count() or 1, extra=["--max_train_samples", "4096"])
-    if args.memory_batches:
+        res.pop("methods_source", None)
+        save(False, "methods")
+    if "memory" in sections and args.memory_batches:
         print("memory table ddpm-cifar10", flush=True)
         res["memory"] = memory_table(data, args)
+        save(False, "memory")
     save(True)
     print(f"report: {out}", flush=True)
     return 0

@@ -99,3 +99,10 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path):
     assert (out / "throughput.png").stat().st_size > 1000
     table = (out / "README.md").read_text()
     assert "| cpu-tiny16 | 8 | ours |" in table and "| cpu-tiny16 | 8 | conventional |" in table and "vs pipeline" in table
+    # --only: re-measure one section, keep the others as they were
+    run_cli("benchmarks/throughput.py", ["--quick", "--out", str(out), "--only", "sample"])
+    again = json.loads((out / "results.json").read_text())
+    assert again["train"] == res["train"] and again["sample"]["cpu-tiny16"] != sample
+    assert "--only sample" in again["sections"]["sample"]["command"]
+    assert "--only" not in again["sections"]["train"]["command"] and again["complete"]
+    assert "Sections measured separately" in (out / "README.md").read_text()
