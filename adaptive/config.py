@@ -73,6 +73,7 @@ class TrainConfig:
     adaptive_balance: float = 0.5  # adaptive: objective weight E[L_t]^-beta at the start (0 = configured, 0.5 = gradient-balanced, 1 = loss-balanced)
     adaptive_balance_final: typing.Optional[float] = 0.0  # adaptive: beta at the end of the anneal (linear in progress); None = constant
     adaptive_anneal_fraction: float = 1.0  # adaptive: share of the run over which beta goes to its final value (then stays)
+    adaptive_weight_floor: float = 0.0  # adaptive: lambda >= this x the configured objective's weight (0 = no floor)
     adaptive_bins: int = 100  # adaptive: timestep bins of the running loss statistics
     adaptive_uniform_mix: float = 0.1  # adaptive: uniform floor of the proposal
     adaptive_ema: float = 0.05  # adaptive: statistics update rate per sample of a bin
@@ -367,6 +368,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--ema_snapshot_steps must be >= 1")
     if any(not 0.0 < s < 0.289 for s in cfg.ema_snapshots):
         raise ConfigError("--ema_snapshots values are sigma_rel in (0, 0.289) (EDM2 uses 0.05 0.10)")
+    if cfg.adaptive_weight_floor < 0:
+        raise ConfigError("--adaptive_weight_floor must be >= 0")
     if not 0.0 < cfg.adaptive_anneal_fraction <= 1.0:
         raise ConfigError("--adaptive_anneal_fraction must be in (0, 1]")
     if any(s < 1 for s in cfg.eval_at_steps):

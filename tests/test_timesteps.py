@@ -223,6 +223,13 @@ def test_adaptive_objective_weights_balance_bins_and_keep_a_unit_loss_scale():
     lam = balance_weights(m1, 0.5, "unit")
     assert (lam * m1).mean().item() == pytest.approx(1.0) and torch.allclose(lam[0] / lam[1], (m1[1] / m1[0]).sqrt())
     assert torch.allclose(balance_weights(m1, 0.0, "unit"), torch.full((4,), 1 / m1.mean().item()))
+    # floor 1: the high-noise (low-loss) bins are boosted as by the balance, no bin is below the configured weight
+    plain, floored = balance_weights(m1, 0.5, "unit"), balance_weights(m1, 0.5, "unit", floor=1.0)
+    assert (floored * m1).mean().item() == pytest.approx(1.0)
+    ratio = floored / torch.maximum(plain, 1 / m1.mean())  # proportional to max(balanced, configured) weights
+    assert torch.allclose(ratio, ratio[0].expand(4)) and not torch.allclose(floored, plain)
+    low, high = m1.argmin(), m1.argmax()
+    assert floored[low] / floored[high] < plain[low] / plain[high] and floored[low] / floored[high] > 1
     p = proposal(torch.ones(4), torch.tensor([2.0, 1.0, 0.0, 1.0]), 0.2)
     assert torch.allclose(p, 0.8 * torch.tensor([0.5, 0.25, 0.0, 0.25]) + 0.05)
     # stratified draws: every stratum of the CDF gets exactly its share (up to one draw per bin)

@@ -18,13 +18,19 @@ import torch
 from .base import TimestepSampler
 
 
-def balance_weights(m1: torch.Tensor, beta: float, normalize: str = "unit") -> torch.Tensor:
+def balance_weights(m1: torch.Tensor, beta: float, normalize: str = "unit", floor: float = 0.0) -> torch.Tensor:
     """lambda_b proportional to m1_b^-beta (EDM2's balance e^-u with e^u = E[L] when beta = 1), normalised so that
     'unit': the expected weighted loss (1/B) sum_b lambda_b m1_b is 1 at every step - a stationary gradient scale
-    for Adam, whose second-moment estimate (beta2 = 0.999) otherwise lags a fast-falling loss - or 'mean': mean 1."""
+    for Adam, whose second-moment estimate (beta2 = 0.999) otherwise lags a fast-falling loss - or 'mean': mean 1.
+    floor > 0: lambda_b >= floor x the configured objective's weight under the same normalisation (beta = 0), so
+    that the balance boosts the low-loss (high-noise) levels without starving the high-loss ones; then renormalised."""
     m1 = m1.clamp_min(1e-12)
-    lam = m1.pow(-beta)
-    return lam / (lam * m1).mean() if normalize == "unit" else lam / lam.mean()
+
+    def normalised(lam):
+        return lam / (lam * m1).mean() if normalize == "unit" else lam / lam.mean()
+
+    lam = normalised(m1.pow(-beta))
+    return normalised(torch.maximum(lam, floor * normalised(torch.ones_like(m1)))) if floor > 0 else lam
 
 
 def proposal(lam: torch.Tensor, scale: torch.Tensor, uniform_mix: float) -> torch.Tensor:
@@ -62,6 +68,7 @@ class AdaptiveSampler(TimestepSampler):
         final = get("adaptive_balance_final", 0.0)
         self.beta1 = self.beta0 if final is None else float(final)
         self.anneal = float(get("adaptive_anneal_fraction", 1.0))
+        self.floor = float(get("adaptive_weight_floor", 0.0))
         self.progress = 0.0  # fraction of the run done, set by the loop each step (begin_step)
         self.uniform_mix = float(get("adaptive_uniform_mix", 0.1))
         self.rate = float(get("adaptive_ema", 0.05))
@@ -94,7 +101,7 @@ class AdaptiveSampler(TimestepSampler):
                 ones = torch.ones(self.num_bins, device=self.device)
                 self._cache = (ones, ones / self.num_bins)
             else:
-                lam = balance_weights(self.m1, self.beta, self.normalize)
+                lam = balance_weights(self.m1, self.beta, self.normalize, self.floor)
                 self._cache = (lam, proposal(lam, self.gradient_scale(), self.uniform_mix))
         return self._cache
 
@@ -190,7 +197,7 @@ class AdaptiveSampler(TimestepSampler):
 
     def describe(self):
         return {**super().describe(), "balance": self.beta0, "balance_final": self.beta1,
-                "anneal_fraction": self.anneal, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
+                "anneal_fraction": self.anneal, "weight_floor": self.floor, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
                 "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
                 "proposal": self.proposal_kind,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
