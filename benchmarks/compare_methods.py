@@ -105,9 +105,13 @@ def versions() -> dict:
 
 
 def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
-                  extra: list[str]) -> dict:
-    """Median per-step time of each method's real optimizer step over interleaved blocks, relative to uniform."""
+                  extra: list[str], clock: str = "wall") -> dict:
+    """Median per-step time of each method's real optimizer step over interleaved blocks, relative to uniform.
+    clock 'wall': elapsed time; 'cpu': this process's CPU time - with one thread, the step's compute cost without
+    the time other processes of a busy machine take from it."""
     import torch
+
+    now = time.perf_counter if clock == "wall" else time.process_time
 
     torch.set_num_threads(threads)
     from adaptive.config import replace, resolve_config
@@ -134,11 +138,11 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
     def timed(m: str, n: int) -> float:
         nonlocal step
         run.cfg, run.tables, run.sampler = variants[m]
-        t0 = time.perf_counter()
+        t0 = now()
         for _ in range(n):
             optimizer_step(run, step, next(batches))
             step += 1
-        return (time.perf_counter() - t0) / n
+        return (now() - t0) / n
 
     def block_len(m: str) -> int:  # whole periods of a method's occasional work (kim2025: every 40 steps)
         return max(block_steps, 40) if m == "kim2025" else block_steps
@@ -152,7 +156,7 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
             times[m].append(timed(m, block_len(m)))
     ref = "uniform" if "uniform" in methods else methods[0]
     # ratio per round (blocks of one round ran back to back), then the median: robust to load changes between rounds
-    return {m: {"seconds_per_step": statistics.median(v), "blocks": v,
+    return {m: {"seconds_per_step": statistics.median(v), "blocks": v, "clock": clock, "threads": threads,
                 "block_ratios": [a / b for a, b in zip(v, times[ref])],
                 "cost_ratio": statistics.median(a / b for a, b in zip(v, times[ref]))} for m, v in times.items()}
 

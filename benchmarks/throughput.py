@@ -232,10 +232,13 @@ def write_readme(res: dict, path: Path) -> None:
                          f"{v['img_per_s']:.1f} | {v['speedup']:.2f}x | {v['first_call_seconds']:.1f} |")
     if res.get("methods"):
         src = f" (measured by `{res['methods_source']}`, same code)" if res.get("methods_source") else ""
-        L += ["", f"## Per-step cost of each timestep method relative to uniform (cpu-tiny16, one process, interleaved){src}",
-              "", "| method | s/step | cost ratio |", "|---|---|---|"]
+        clock = next(iter(res["methods"].values())).get("clock", "wall")
+        L += ["", f"## Per-step cost of each timestep method relative to uniform (cpu-tiny16, one process, interleaved "
+                  f"blocks, {'CPU' if clock == 'cpu' else 'wall-clock'} time){src}", "",
+              "| method | s/step | cost ratio (median of blocks) | ratio per block |", "|---|---|---|---|"]
         for m, c in res["methods"].items():
-            L.append(f"| {m} | {c['seconds_per_step']:.4f} | {c['cost_ratio']:.3f} |")
+            per_block = ", ".join(f"{r:.3f}" for r in c.get("block_ratios", []))
+            L.append(f"| {m} | {c['seconds_per_step']:.4f} | {c['cost_ratio']:.3f} | {per_block} |")
     if res.get("memory"):
         L += ["", f"## Memory: ddpm-cifar10 on {res['memory'][0]['device']}", "",
               "| batch per device | precision | gradient checkpointing | peak MB | img/s |", "|---|---|---|---|---|"]
@@ -388,9 +391,9 @@ def main(argv=None) -> int:
         res["methods"], res["methods_source"] = saved_costs["costs"], str(args.costs)
         save(False, "methods")
     elif "methods" in sections and not args.no_methods:
-        print("timestep-method overheads (one process, interleaved)", flush=True)
-        res["methods"] = cm.measure_costs(list(cm.METHODS), data, block_steps=40, blocks=5, warmup=20,
-                                          threads=os.cpu_count() or 1, extra=["--max_train_samples", "4096"])
+        print("timestep-method overheads (one process, one thread, CPU time, interleaved)", flush=True)
+        res["methods"] = cm.measure_costs(list(cm.METHODS), data, block_steps=40, blocks=5, warmup=20, threads=1,
+                                          extra=["--max_train_samples", "4096"], clock="cpu")
         res.pop("methods_source", None)
         save(False, "methods")
     if "memory" in sections and args.memory_batches:
