@@ -106,3 +106,14 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path):
     assert "--only sample" in again["sections"]["sample"]["command"]
     assert "--only" not in again["sections"]["train"]["command"] and again["complete"]
     assert "Sections measured separately" in (out / "README.md").read_text()
+
+
+def test_profile_groups_backward_kernels_apart_from_forward_ones():
+    from profile_step import group_of
+
+    assert group_of("aten::convolution_backward") == "convolution backward"
+    assert group_of("aten::mkldnn_convolution") == "convolution"
+    assert group_of("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention backward"
+    assert group_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert group_of("aten::addmm") == "linear / matmul" and group_of("aten::add_") == "elementwise"
+    assert group_of("aten::native_group_norm_backward") == "group norm" and group_of("aten::zeros") == "other"
