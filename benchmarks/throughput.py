@@ -342,8 +342,8 @@ def main(argv=None) -> int:
         if saved_costs.get("code_hash") != cm.code_hash():
             print(f"error: {args.costs} was measured on other code; drop --costs to measure again", file=sys.stderr)
             return 2
-    res = {"date": date, "command": " ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]),
-           "git_commit": cm.git("rev-parse", "HEAD"), "machine": cm.machine()["cpu"], "versions": cm.versions(),
+    command, commit = " ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]), cm.git("rev-parse", "HEAD")
+    res = {"date": date, "command": command, "git_commit": commit, "machine": cm.machine()["cpu"], "versions": cm.versions(),
            "data": str(data), "train": {}, "sample": {}, "load_average_start": os.getloadavg()}
     if args.report_only:
         res = json.loads((out / "results.json").read_text())
@@ -356,8 +356,7 @@ def main(argv=None) -> int:
     if args.only and (out / "results.json").exists():  # refresh some sections of an existing run, keep the rest
         res = {**json.loads((out / "results.json").read_text()), "date": date}
     runs = res.setdefault("sections", {})  # when, on what code and under what load each section was measured
-    started = {"command": " ".join(["python", "benchmarks/throughput.py", *(argv or sys.argv[1:])]),
-               "git_commit": cm.git("rev-parse", "HEAD"), "load_average_start": os.getloadavg()}
+    started = {"command": command, "git_commit": commit, "load_average_start": os.getloadavg()}
 
     def save(complete: bool, section: str | None = None) -> None:  # after every section: an interrupted run keeps it
         res["complete"], res["load_average_end"] = complete, os.getloadavg()
