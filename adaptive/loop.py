@@ -35,6 +35,7 @@ from .timesteps.base import DIAGNOSTIC_BINS, bin_sum
 HEATMAP_BINS = 50
 
 RUN_MARKERS = ("config.json", "stats.jsonl", "model_index.json")
+EXPORT_RECORD = "export.json"  # {"step": the exported pipeline's step, "metrics": its latest evaluation}
 
 
 @dataclass
@@ -172,7 +173,7 @@ def clear_run(out: Path) -> None:
     """Remove a previous run's artifacts from `out` (only with --overwrite_output_dir)."""
     for p in list_checkpoints(out) + [q for q in out.glob(".checkpoint-*.tmp")]:
         shutil.rmtree(p, ignore_errors=True)
-    for name in ("config.json", "run_info.json", "stats.jsonl", "model_index.json", "README.md"):
+    for name in ("config.json", "run_info.json", "stats.jsonl", "model_index.json", "README.md", EXPORT_RECORD):
         (out / name).unlink(missing_ok=True)
     (out / "timestep_p.png").unlink(missing_ok=True)
     for name in ("unet", "scheduler", "samples", "logs", "ema_snapshots"):
@@ -322,6 +323,24 @@ def export_pipeline(accelerator, cfg: TrainConfig, unet, noise_scheduler, progre
     pipeline = DDPMPipeline(unet=unet, scheduler=noise_scheduler)
     pipeline.save_pretrained(cfg.output_dir, safe_serialization=True)
     write_model_card(Path(cfg.output_dir), cfg, progress, info, metrics)
+    # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
+    (Path(cfg.output_dir) / EXPORT_RECORD).write_text(json.dumps({"step": progress.step, "metrics": metrics}, indent=2))
+
+
+def finished_run(cfg: TrainConfig, progress: Progress, max_steps: int) -> Optional[str]:
+    """Why a resumed run has nothing left to do (its step or wall-clock budget is used up and the pipeline of that
+    step was exported), or None."""
+    if progress.step >= max_steps:
+        why = f"step {progress.step} of --max_train_steps {max_steps} reached"
+    elif cfg.max_train_minutes and progress.train_seconds >= 60 * cfg.max_train_minutes:
+        why = f"--max_train_minutes budget of {cfg.max_train_minutes:g} min spent at step {progress.step}"
+    else:
+        return None
+    try:
+        exported = json.loads((Path(cfg.output_dir) / EXPORT_RECORD).read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return why if exported == progress.step else None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -490,6 +509,16 @@ def train(cfg: TrainConfig) -> dict:
     stats_file = JsonlWriter(out / "stats.jsonl", is_main)
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
+        done_why = finished_run(cfg, progress, max_steps)
+        if done_why:  # every rank loaded the same state, so every rank returns here (no collective is skipped)
+            log(f"nothing to train: {done_why} and its pipeline is exported in {out} (raise --max_train_steps or "
+                "--max_train_minutes to train on)")
+            if is_main and cfg.push_to_hub:  # the upload may be what the rerun is for (unchanged files are skipped)
+                uploader = make_uploader(cfg, log)
+                uploader.push(out, f"final pipeline at step {progress.step}")
+                uploader.close()
+            return {"step": progress.step, "train_seconds": progress.train_seconds, "stopped": "finished",
+                    "world_size": world}
         stats_file.truncate_after(progress.step)
         log(f"resumed from {resume_from} at step {progress.step}")
     elif is_main:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +119,55 @@ def test_profile_groups_backward_kernels_apart_from_forward_ones():
     assert group_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert group_of("aten::addmm") == "linear / matmul" and group_of("aten::add_") == "elementwise"
     assert group_of("aten::native_group_norm_backward") == "group norm" and group_of("aten::zeros") == "other"
+
+
+@pytest.mark.slow
+def test_gpu_protocol_script_runs_end_to_end_and_resumes(tmp_path):
+    """benchmarks/gpu_protocol.sh on 2 CPU processes at toy size (cpu-tiny16, a proxy feature network instead of
+    clean-fid's downloads): both methods train, sample and score; rerunning it redoes nothing."""
+    import subprocess
+    import warnings
+
+    import torch
+
+    from conftest import ROOT, write_images, zip_folder
+
+    class Feat(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1)
+
+    feat, out = tmp_path / "feat.pt", tmp_path / "protocol"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script's deprecation notice
+        torch.jit.script(Feat()).save(str(feat))
+    image_zip = zip_folder(write_images(tmp_path / "train", size=16), tmp_path / "train.zip")  # cpu-tiny16's size
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PRESET": "cpu-tiny16", "CONFIG": "accelerate_configs/cpu_2proc.yaml", "DATA": str(image_zip),
+           "HOURS": "1", "STEPS": "4", "BATCH": "4", "EVAL_STEPS": "2", "EVAL_IMAGES": "8", "SAMPLE_STEPS": "10",
+           "SAMPLE_BATCH": "4", "FEATURES": str(feat), "OUT": str(out),
+           "TRAIN_FLAGS": "--logger none --eval_ref_num_images 16", "EVAL_FLAGS": f"--ref_dir {image_zip}"}
+
+    def run(**extra):
+        proc = subprocess.run(["bash", "benchmarks/gpu_protocol.sh"], cwd=ROOT, env={**env, **extra},
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+
+    run()
+    summary = (out / "summary.md").read_text().splitlines()
+    assert summary[0] == "| method | steps | training hours | proxy FD clean | proxy FD legacy_tensorflow |"
+    assert [row.split(" | ")[:2] for row in summary[2:]] == [["| uniform", "4"], ["| adaptive", "4"]]
+    for method in ("uniform", "adaptive"):
+        run_dir = out / method
+        assert json.loads((run_dir / "run_info.json").read_text())["world_size"] == 2
+        assert len(list((run_dir / "samples" / "images").glob("*.png"))) == 8
+        sampling = json.loads((run_dir / "samples" / "sampling.json").read_text())
+        assert sampling["scheduler"] == "ddpm" and sampling["num_inference_steps"] == 10
+        for mode in ("clean", "legacy_tensorflow"):
+            assert json.loads((run_dir / f"metrics_{mode}.json").read_text())["proxy_fd"] > 0
+    weights = out / "adaptive" / "unet" / "diffusion_pytorch_model.safetensors"
+    before = weights.stat().st_mtime_ns
+    rerun = run(METHODS="adaptive")
+    assert "nothing to train" in rerun.stdout and "sampled 0 images (8 already there)" in rerun.stdout
+    assert weights.stat().st_mtime_ns == before

@@ -211,3 +211,33 @@ def test_hub_push_end_to_end_with_retry_and_no_token_anywhere(tmp_path, image_fo
         if p.is_file():
             assert token.encode() not in p.read_bytes(), p
     assert token not in proc.stdout + proc.stderr
+
+
+def test_rerunning_a_finished_run_changes_nothing_and_a_larger_budget_continues_it(tmp_path, image_folder):
+    """The same command again: nothing retrained, re-exported or rewritten; with more steps it resumes."""
+    out = tmp_path / "run"
+    args = tiny_args(image_folder, out, *STATEFUL, "--max_train_steps", "3", "--resume_from_checkpoint", "latest")
+    run_cli("train_accelerate.py", args)
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    proc = run_cli("train_accelerate.py", args)
+    assert "nothing to train: step 3 of --max_train_steps 3 reached" in proc.stdout
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == files
+    proc = run_cli("train_accelerate.py", [*args, "--max_train_steps", "5"])
+    assert "resumed from" in proc.stdout and json.loads((out / "export.json").read_text())["step"] == 5
+
+
+def test_a_run_is_finished_only_once_its_last_step_is_exported(tmp_path):
+    from types import SimpleNamespace
+
+    from adaptive.loop import Progress, finished_run
+
+    cfg = SimpleNamespace(output_dir=str(tmp_path), max_train_minutes=None)
+    assert finished_run(cfg, Progress(step=10), 10) is None  # trained, never exported (killed during the export)
+    (tmp_path / "export.json").write_text(json.dumps({"step": 8}))
+    assert finished_run(cfg, Progress(step=10), 10) is None  # an older export (--save_model_steps)
+    (tmp_path / "export.json").write_text(json.dumps({"step": 10}))
+    assert "step 10 of --max_train_steps 10" in finished_run(cfg, Progress(step=10), 10)
+    assert finished_run(cfg, Progress(step=10), 20) is None  # more steps asked for
+    cfg.max_train_minutes = 1.0
+    assert "budget of 1 min spent" in finished_run(cfg, Progress(step=10, train_seconds=61.0), 20)
+    assert finished_run(cfg, Progress(step=10, train_seconds=59.0), 20) is None
