@@ -38,6 +38,22 @@ def zip_folder(folder: Path, zip_path: Path, prefix: str = "train") -> Path:
     return zip_path
 
 
+def write_pooled_features(path: Path) -> Path:
+    """A TorchScript proxy feature network at toy size: [N, 3, H, W] in [0, 255] -> [N, 48] (4x4 average pools)."""
+    import warnings
+
+    import torch
+
+    class PooledFeatures(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script's deprecation notice
+        torch.jit.script(PooledFeatures()).save(str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory) -> Path:
     return write_images(tmp_path_factory.mktemp("imgs") / "train")

@@ -126,20 +126,10 @@ def test_gpu_protocol_script_runs_end_to_end_and_resumes(tmp_path):
     """benchmarks/gpu_protocol.sh on 2 CPU processes at toy size (cpu-tiny16, a proxy feature network instead of
     clean-fid's downloads): both methods train, sample and score; rerunning it redoes nothing."""
     import subprocess
-    import warnings
 
-    import torch
+    from conftest import ROOT, write_images, write_pooled_features, zip_folder
 
-    from conftest import ROOT, write_images, zip_folder
-
-    class Feat(torch.nn.Module):
-        def forward(self, x):
-            return torch.nn.functional.adaptive_avg_pool2d(x / 255.0, 4).flatten(1)
-
-    feat, out = tmp_path / "feat.pt", tmp_path / "protocol"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script's deprecation notice
-        torch.jit.script(Feat()).save(str(feat))
+    feat, out = write_pooled_features(tmp_path / "feat.pt"), tmp_path / "protocol"
     image_zip = zip_folder(write_images(tmp_path / "train", size=16), tmp_path / "train.zip")  # cpu-tiny16's size
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",

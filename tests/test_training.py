@@ -15,7 +15,7 @@ from adaptive.config import PRESETS, TrainConfig
 from adaptive.model import build_unet
 from adaptive.seeding import seed_for
 
-from conftest import run_cli, tiny_args
+from conftest import run_cli, tiny_args, write_pooled_features
 
 pytestmark = pytest.mark.slow
 
@@ -116,12 +116,7 @@ def test_kim2025_policy_updates_inside_real_training(tmp_path, image_folder):
 
 def test_in_training_evaluation_and_the_wall_clock_budget(tmp_path, image_folder):
     """--eval_at_steps writes proxy-FD records with the training wall-clock; --max_train_minutes stops, saves, exports."""
-    class Feat(torch.nn.Module):
-        def forward(self, x):
-            return torch.nn.functional.avg_pool2d(x / 255.0, 4).flatten(1)
-
-    feat = tmp_path / "feat.pt"
-    torch.jit.script(Feat()).save(str(feat))
+    feat = write_pooled_features(tmp_path / "feat.pt")
     out = tmp_path / "run"
     proc = run_cli("train_accelerate.py", tiny_args(
         image_folder, out, "--max_train_steps", "100000", "--max_train_minutes", "0.25", "--eval_at_steps", "2,4",
