@@ -26,9 +26,11 @@ PID=$!
 while kill -0 $PID 2>/dev/null; do
   sleep 20
   if grep -q "\"step\": $STOP,.*proxy_fd\|proxy_fd.*\"step\": $STOP[,}]" "$OUT/stats.jsonl" 2>/dev/null; then
-    kill -TERM $PID
+    kill -TERM $PID 2>/dev/null || true  # it checkpoints and exits; a second kill would find no process
+    break
   fi
 done
+while kill -0 $PID 2>/dev/null; do sleep 2; done
 grep proxy_fd "$OUT/stats.jsonl" | $PY -c "
 import sys, json
 print('$NAME', [(r['step'], round(r['proxy_fd'], 3)) for r in map(json.loads, sys.stdin)])" >> "$WORK/results.txt"

@@ -65,6 +65,8 @@ def test_flags_override_the_preset_and_the_config_round_trips():
     (["--resolution", "18"], "divisible"),
     (["--max_train_steps", "none"], "--max_train_steps or --num_epochs"),
     (["--ddpm_beta_start", "0.5"], "betas"),
+    (["--adaptive_loss_scale", "0"], "--adaptive_loss_scale must be > 0"),
+    (["--adaptive_bins", "7"], "--adaptive_bins 7 must divide --ddpm_num_steps 1000"),
 ])
 def test_invalid_values_are_one_line_errors(argv, message, capsys):
     assert main(["--preset", "cpu-tiny16", *argv]) == 2

@@ -41,7 +41,8 @@ IMPORTANCE = sorted(n for n, c in SAMPLERS.items() if c.importance_sampler)
 
 
 @pytest.mark.parametrize("name, cfg_kw", [(n, {}) for n in IMPORTANCE] + [("adaptive", {"adaptive_balance": 0.0}),
-                                                                          ("adaptive", {"adaptive_stratified": False})])
+                                                                          ("adaptive", {"adaptive_stratified": False}),
+                                                                          ("adaptive", {"adaptive_loss_scale": 0.1})])
 def test_importance_samplers_are_exactly_unbiased(name, cfg_kw):
     """sum_t p(t) w(t) f(t) = mean_t lambda(t) f(t) for arbitrary f (lambda = 1 unless the method declares its own
     objective), computed from the returned probabilities and weights; plus a seeded Monte-Carlo check via sample()."""
@@ -251,6 +252,22 @@ def test_adaptive_anneals_from_gradient_balance_to_the_configured_objective():
     p, w = sampler.probabilities().double(), sampler.weight_of(torch.arange(T)).double()
     f = torch.rand(T, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     assert (p * w * f).sum().item() == pytest.approx((lam.double() * f).mean().item(), rel=1e-5)
+
+
+def test_adaptive_loss_scale_multiplies_every_weight_and_leaves_the_draws_alone():
+    """--adaptive_loss_scale s: the expected weighted loss is s instead of 1 (same proposal, same draws)."""
+    plain, scaled = (train_sampler(make("adaptive", adaptive_loss_scale=s)[0], steps=60) for s in (1.0, 0.1))
+    t = torch.arange(T)
+    assert torch.allclose(scaled.weight_of(t), 0.1 * plain.weight_of(t))
+    assert torch.allclose(scaled.objective_weights(), 0.1 * plain.objective_weights())
+    assert torch.allclose(scaled.probabilities(), plain.probabilities(), rtol=1e-6, atol=0)
+    g1, g2 = (torch.Generator().manual_seed(5) for _ in range(2))
+    assert torch.equal(scaled.sample(64, "cpu", g1)[0], plain.sample(64, "cpu", g2)[0])
+    m1 = scaled.m1.repeat_interleave(scaled.width)  # unit normalisation now targets s
+    assert (scaled.objective_weights() * m1).mean().item() == pytest.approx(0.1, rel=1e-5)
+    from adaptive.config import ConfigError
+    with pytest.raises(ConfigError, match="--adaptive_loss_scale must be > 0"):
+        make("adaptive", adaptive_loss_scale=0.0)
 
 
 def test_adaptive_anneal_fraction_reaches_the_final_balance_early_and_stays():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import ConfigError
 from .base import TimestepSampler
 
 
@@ -76,6 +77,12 @@ class AdaptiveSampler(TimestepSampler):
         self.stratified = bool(get("adaptive_stratified", True))
         self.normalize = get("adaptive_normalize", "unit")
         self.proposal_kind = get("adaptive_proposal", "loss")
+        # A constant factor on lambda: Adam is invariant to it, gradient clipping is not. On cpu-tiny16 the gradient
+        # norm is ~1.5-3.5 x this scale, so with --max_grad_norm 1 the default 0.3 clips only around the gradient peak
+        # (1.0 clips every step; 0.1 never, and Adam's second moment then remembers the warm-up's larger gradients).
+        self.loss_scale = float(get("adaptive_loss_scale", 0.3))
+        if not self.loss_scale > 0:
+            raise ConfigError("--adaptive_loss_scale must be > 0")
         self.changes_objective = self.beta0 != 0 or self.beta1 != 0
         self.m1 = torch.zeros(self.num_bins, device=self.device)  # running mean of L per bin
         self.m2 = torch.zeros(self.num_bins, device=self.device)  # running mean of L^2 per bin
@@ -101,7 +108,7 @@ class AdaptiveSampler(TimestepSampler):
                 ones = torch.ones(self.num_bins, device=self.device)
                 self._cache = (ones, ones / self.num_bins)
             else:
-                lam = balance_weights(self.m1, self.beta, self.normalize, self.floor)
+                lam = self.loss_scale * balance_weights(self.m1, self.beta, self.normalize, self.floor)
                 self._cache = (lam, proposal(lam, self.gradient_scale(), self.uniform_mix))
         return self._cache
 
@@ -199,6 +206,7 @@ class AdaptiveSampler(TimestepSampler):
         return {**super().describe(), "balance": self.beta0, "balance_final": self.beta1,
                 "anneal_fraction": self.anneal, "weight_floor": self.floor, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
                 "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
+                "loss_scale": self.loss_scale,
                 "proposal": self.proposal_kind,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
                               f"{self.beta0:g} -> {self.beta1:g} over {self.anneal:g} of the run (online, EDM2-style balance)") if self.changes_objective else
