@@ -104,6 +104,15 @@ def versions() -> dict:
 # ------------------------------------------------------------------------------------------------ 1. cost ratios
 
 
+def costs_to_measure(costs: dict | None, methods: list[str], remeasure: list[str]) -> tuple[dict, list[str]]:
+    """(the cost ratios to keep, the methods to measure): those of `methods` (and uniform) without a ratio, plus the
+    `remeasure` ones. Only these are measured again (side by side with uniform); every kept ratio stays as it is, so
+    that finished runs, whose step budgets were planned from it, stay finished."""
+    kept = {m: c for m, c in (costs or {}).items() if m not in remeasure}
+    needed = sorted(set(methods) | {"uniform"}, key=list(METHODS).index)
+    return kept, [m for m in needed if m not in kept]
+
+
 def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
                   extra: list[str], clock: str = "wall") -> dict:
     """Median per-step time of each method's real optimizer step over interleaved blocks, relative to uniform.
@@ -479,13 +488,13 @@ def main(argv=None) -> int:
         costs = json.loads(costs_file.read_text())["costs"]
     if args.costs:
         costs = json.loads(args.costs.read_text())["costs"]
-    needed = sorted(set(args.methods) | {"uniform"}, key=list(METHODS).index)
-    costs = {m: c for m, c in (costs or {}).items() if m not in args.remeasure} or None
-    if not args.report_only and (not costs or any(m not in costs for m in needed)):
-        log(f"measuring cost ratios of {', '.join(needed)} ({args.cost_blocks} interleaved blocks of {args.cost_block_steps} steps)")
-        costs = {**(costs or {}), **measure_costs(needed, args.data, args.cost_block_steps, args.cost_blocks,
-                                                  warmup=max(2, args.cost_block_steps // 2), threads=args.threads,
-                                                  extra=args.extra)}
+    costs, missing = costs_to_measure(costs, args.methods, args.remeasure)
+    if not args.report_only and missing:
+        measure = sorted(set(missing) | {"uniform"}, key=list(METHODS).index)  # each ratio is against uniform
+        log(f"measuring cost ratios of {', '.join(measure)} ({args.cost_blocks} interleaved blocks of {args.cost_block_steps} steps)")
+        fresh = measure_costs(measure, args.data, args.cost_block_steps, args.cost_blocks,
+                              warmup=max(2, args.cost_block_steps // 2), threads=args.threads, extra=args.extra)
+        costs = {**costs, **{m: fresh[m] for m in missing}}  # ratios already measured are kept as they are
         log("cost ratios: " + ", ".join(f"{m} {c['cost_ratio']:.3f}" for m, c in costs.items()))
         costs_file.write_text(json.dumps({"code_hash": this_hash, "git_commit": git("rev-parse", "HEAD"),
                                           "threads": args.threads, "costs": costs}, indent=1))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(__import__("conftest").ROOT / "benchmarks"))
-from compare_methods import aggregate, bar_verdict, interpolate_crossing, plan, used_ratio  # noqa: E402
+from compare_methods import aggregate, bar_verdict, costs_to_measure, interpolate_crossing, plan, used_ratio  # noqa: E402
 
 
 def test_crossing_is_interpolated_between_evaluation_points():
@@ -26,6 +26,15 @@ def test_budgets_scale_with_the_measured_cost_ratio():
     # made robust to a noisy machine); otherwise the method gets the uniform step counts
     assert used_ratio({"cost_ratio": 1.04, "block_ratios": [1.2, 1.04, 0.97, 1.04, 1.17]}) == 1.0
     assert used_ratio({"cost_ratio": 1.34, "block_ratios": [1.34, 1.17, 1.10, 1.48, 1.34]}) == 1.34
+
+
+def test_only_missing_or_remeasured_cost_ratios_are_measured_again():
+    old = {m: {"cost_ratio": r} for m, r in (("uniform", 1.0), ("adaptive", 0.99), ("kim2025", 1.34))}
+    # re-measuring one method must not touch the others' ratios: their finished runs were planned from them
+    kept, todo = costs_to_measure(old, ["uniform", "adaptive", "kim2025"], ["adaptive"])
+    assert kept == {"uniform": old["uniform"], "kim2025": old["kim2025"]} and todo == ["adaptive"]
+    assert costs_to_measure(old, ["uniform", "kim2025", "p2"], []) == (old, ["p2"])
+    assert costs_to_measure(None, ["adaptive"], []) == ({}, ["uniform", "adaptive"])
 
 
 def test_speedup_is_uniform_budget_over_steps_to_uniforms_final_fd():
