@@ -239,7 +239,7 @@ CHOICES: dict[str, tuple] = {
     "ema_warmup": ("power", "ratio", "none"),
     "logger": ("tensorboard", "wandb", "none"),
     "eval_mode": ("clean", "legacy_tensorflow", "legacy_pytorch"),
-    "attention_impl": ("auto", "sdpa", "classic"),
+    "attention_impl": ("auto", "sdpa", "classic", "matmul"),
     "adaptive_normalize": ("unit", "mean"),
     "adaptive_proposal": ("loss", "grad", "uniform"),
 }

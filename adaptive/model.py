@@ -47,6 +47,35 @@ def attention_tokens(hidden_states) -> int:
     return hidden_states.shape[-1] * hidden_states.shape[-2] if hidden_states.ndim == 4 else hidden_states.shape[1]
 
 
+def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T scale) v over (B, heads, L, d) with the two matmuls in the input dtype and the softmax in fp32
+    (Vaswani et al. 2017, eq. 1; Diffusers' upcast_softmax). Keeps the probabilities for the backward pass."""
+    probs = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).float().softmax(-1).to(v.dtype)
+    return torch.matmul(probs, v)
+
+
+class MatmulAttnProcessor(AttnProcessor2_0):
+    """Self-attention of the U-Net's blocks with `matmul_attention` in place of SDPA (the parent handles every other
+    case: masks, cross-attention, spatial or q/k norms)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
+                 **kwargs):
+        if (encoder_hidden_states is not None or attention_mask is not None or attn.spatial_norm is not None
+                or attn.norm_q is not None or attn.norm_k is not None or hidden_states.ndim != 4):
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
+        residual = hidden_states
+        b, c, h, w = hidden_states.shape
+        x = hidden_states.view(b, c, h * w)
+        x = (attn.group_norm(x) if attn.group_norm is not None else x).transpose(1, 2)
+        heads = lambda y: y.view(b, h * w, attn.heads, -1).transpose(1, 2)  # noqa: E731
+        out = matmul_attention(heads(attn.to_q(x)), heads(attn.to_k(x)), heads(attn.to_v(x)), attn.scale)
+        out = attn.to_out[1](attn.to_out[0](out.transpose(1, 2).reshape(b, h * w, -1)))
+        out = out.transpose(1, 2).reshape(b, c, h, w)
+        if attn.residual_connection:
+            out = out + residual
+        return out / attn.rescale_output_factor
+
+
 class CpuAttnProcessor(AttnProcessor2_0):
     """SDPA; while training under CPU bf16 autocast, short sequences run in fp32 (faster there, and exact-er)."""
 
@@ -64,14 +93,15 @@ class CpuAttnProcessor(AttnProcessor2_0):
 
 def configure_attention(unet, impl: str = "auto", device_type: str = "cpu"):
     """Pick the attention kernel: 'sdpa' (torch scaled_dot_product_attention, Diffusers' default), 'classic'
-    (Diffusers' AttnProcessor: baddbmm + softmax), or 'auto' = SDPA, on the CPU with short sequences computed in fp32
-    while training under bf16 autocast (CPU_FP32_ATTENTION_MAX_TOKENS; bf16 SDPA backward over 8-channel heads is
-    slow on the CPU). Same math every way; returns the U-Net.
+    (Diffusers' AttnProcessor: baddbmm + softmax), 'matmul' (`matmul_attention`: two matmuls, fp32 softmax) or 'auto'
+    = SDPA, on the CPU with short sequences computed in fp32 while training under bf16 autocast
+    (CPU_FP32_ATTENTION_MAX_TOKENS; bf16 SDPA backward over 8-channel heads is slow on the CPU). Same math every way;
+    returns the U-Net.
     """
     if impl == "auto":
         proc = CpuAttnProcessor() if device_type == "cpu" else AttnProcessor2_0()
     else:
-        proc = AttnProcessor() if impl == "classic" else AttnProcessor2_0()
+        proc = {"classic": AttnProcessor, "matmul": MatmulAttnProcessor}.get(impl, AttnProcessor2_0)()
     for module in unet.modules():
         if isinstance(module, Attention):
             module.set_processor(proc)

@@ -28,8 +28,8 @@ from adaptive.model import configure_attention  # noqa: E402
 # (label, batch, channels, side): the attention blocks of cpu-tiny16 (64 tokens), cpu-tiny (256) and ddpm-cifar10 (256)
 CASES = [("cpu-tiny16", 128, 64, 8), ("cpu-tiny", 128, 64, 16), ("ddpm-cifar10", 16, 256, 16)]
 # (label, attention_impl, autocast bf16?)
-VARIANTS = [("classic bf16", "classic", True), ("sdpa bf16", "sdpa", True), ("sdpa fp32", "sdpa", False),
-            ("auto bf16", "auto", True)]
+VARIANTS = [("classic bf16", "classic", True), ("matmul bf16", "matmul", True), ("sdpa bf16", "sdpa", True),
+            ("sdpa fp32", "sdpa", False), ("auto bf16", "auto", True)]
 
 
 class Block(torch.nn.Module):

@@ -46,7 +46,24 @@ def test_auto_attention_on_the_cpu_is_sdpa_with_short_sequences_in_fp32_while_tr
         assert torch.equal(run(m, "auto", x, autocast=True), run(m, "sdpa", x, autocast=True))
 
 
-@pytest.mark.parametrize("impl", ["auto", "sdpa", "classic"])
+def test_matmul_attention_is_sdpa_in_fp32_forward_and_backward():
+    torch.manual_seed(0)
+    m = Holder(32)
+    x = torch.randn(4, 32, 8, 8, requires_grad=True)
+    grads = {}
+    for impl in ("sdpa", "matmul"):
+        y = run(m, impl, x, autocast=False)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        grads[impl] = (y.detach(), x.grad.clone(), *(p.grad.clone() for p in m.parameters()))
+        x.grad = None
+        m.zero_grad()
+    for a, b in zip(grads["sdpa"], grads["matmul"]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    # under bf16 autocast: bf16 matmuls, fp32 softmax - close to the fp32 result, not equal
+    torch.testing.assert_close(run(m, "matmul", x, autocast=True).float(), grads["sdpa"][0], atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("impl", ["auto", "sdpa", "classic", "matmul"])
 def test_every_attention_kernel_takes_the_unets_arguments_without_warnings(impl, monkeypatch):
     # Attention.forward warns on every call about keywords the processor's signature does not name (and drops them)
     import diffusers.models.attention_processor as ap
