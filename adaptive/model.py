@@ -36,10 +36,11 @@ def build_noise_scheduler(cfg: TrainConfig) -> DDPMScheduler:
     )
 
 
-# Training under CPU bf16 autocast: attention over at most this many tokens runs in fp32. Measured by
-# benchmarks/attention_kernels.py (docs/benchmarks/throughput/): at 64 tokens (cpu-tiny16) fp32 SDPA forward+backward
-# is ~1.7x faster than bf16 classic and ~2.3x faster than bf16 SDPA; at 256 tokens the precisions are within noise.
-CPU_FP32_ATTENTION_MAX_TOKENS = 64
+# Training under CPU bf16 autocast: attention over at most this many tokens uses `matmul_attention` instead of SDPA.
+# Measured by benchmarks/attention_kernels.py (docs/benchmarks/throughput/2026-11-30/attention.md, idle machine): one
+# 64-token cpu-tiny16 block forward+backward takes 18 ms that way, 24 ms with SDPA in fp32 (the previous rule) or bf16
+# classic, 71 ms with bf16 SDPA (its CPU backward is slow for 8-channel heads); at 256 tokens SDPA is 2.5x faster.
+CPU_MATMUL_ATTENTION_MAX_TOKENS = 64
 
 
 def attention_tokens(hidden_states) -> int:
@@ -76,8 +77,8 @@ class MatmulAttnProcessor(AttnProcessor2_0):
         return out / attn.rescale_output_factor
 
 
-class CpuAttnProcessor(AttnProcessor2_0):
-    """SDPA; while training under CPU bf16 autocast, short sequences run in fp32 (faster there, and exact-er)."""
+class CpuAttnProcessor(MatmulAttnProcessor):
+    """SDPA; while training under CPU bf16 autocast, short sequences use `matmul_attention` (faster there)."""
 
     # The parent's named parameters, spelled out: Attention.forward inspects this signature and warns (every call)
     # about, then drops, any keyword it does not name - e.g. the U-Net's temb.
@@ -85,17 +86,16 @@ class CpuAttnProcessor(AttnProcessor2_0):
                  **kwargs):
         kwargs.update(encoder_hidden_states=encoder_hidden_states, attention_mask=attention_mask, temb=temb)
         if (hidden_states.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
-                and attention_tokens(hidden_states) <= CPU_FP32_ATTENTION_MAX_TOKENS):
-            with torch.autocast("cpu", enabled=False):
-                return super().__call__(attn, hidden_states.float(), *args, **kwargs)
-        return super().__call__(attn, hidden_states, *args, **kwargs)
+                and attention_tokens(hidden_states) <= CPU_MATMUL_ATTENTION_MAX_TOKENS):
+            return super().__call__(attn, hidden_states, *args, **kwargs)
+        return AttnProcessor2_0.__call__(self, attn, hidden_states, *args, **kwargs)
 
 
 def configure_attention(unet, impl: str = "auto", device_type: str = "cpu"):
     """Pick the attention kernel: 'sdpa' (torch scaled_dot_product_attention, Diffusers' default), 'classic'
     (Diffusers' AttnProcessor: baddbmm + softmax), 'matmul' (`matmul_attention`: two matmuls, fp32 softmax) or 'auto'
-    = SDPA, on the CPU with short sequences computed in fp32 while training under bf16 autocast
-    (CPU_FP32_ATTENTION_MAX_TOKENS; bf16 SDPA backward over 8-channel heads is slow on the CPU). Same math every way;
+    = SDPA, on the CPU with short sequences through `matmul_attention` while training under bf16 autocast
+    (CPU_MATMUL_ATTENTION_MAX_TOKENS; bf16 SDPA backward over 8-channel heads is slow on the CPU). Same math every way;
     returns the U-Net.
     """
     if impl == "auto":

@@ -293,7 +293,7 @@ def ablations(args, data: Path, out: Path, res: dict) -> int:
     (out / "ablations.json").write_text(json.dumps(res, indent=1))
     L = [f"# Ablations of our training step ({res['date']}, {res['machine']})", "",
          f"Command: `{res['command']}`; commit `{res['git_commit']}`. img/s relative to our default step (bf16 autocast, SDPA attention "
-         "with short sequences in fp32 while training on the CPU, NCHW), each variant in fresh processes in rotating order. Load average "
+         "with short sequences through two bf16 matmuls and an fp32 softmax while training on the CPU, NCHW), each variant in fresh processes in rotating order. Load average "
          f"at start {fmt_load(res['load_average_start'])}, at end {fmt_load(res['load_average_end'])} on {os.cpu_count()} CPUs.",
          "", "| preset | batch | variant | flags | img/s | vs default |", "|---|---|---|---|---|---|"]
     for preset, r in res["ablations"].items():
