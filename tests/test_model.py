@@ -61,8 +61,14 @@ def test_matmul_attention_is_sdpa_in_fp32_forward_and_backward():
         m.zero_grad()
     for a, b in zip(grads["sdpa"], grads["matmul"]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-    # under bf16 autocast: bf16 matmuls, fp32 softmax - close to the fp32 result, not equal
+    # under bf16 autocast: bf16 matmuls and softmax - close to the fp32 result, not equal
     torch.testing.assert_close(run(m, "matmul", x, autocast=True).float(), grads["sdpa"][0], atol=0.05, rtol=0.05)
+
+
+def test_bf16_softmax_of_the_matmul_kernel_is_the_upcast_softmax_rounded():
+    """matmul_attention skips Diffusers' upcast: valid only while softmax accumulates bf16 input in fp32."""
+    scores = (torch.randn(4, 8, 64, 64, generator=torch.Generator().manual_seed(0)) * 4).bfloat16()
+    assert torch.equal(scores.softmax(-1), scores.float().softmax(-1).bfloat16())
 
 
 @pytest.mark.parametrize("impl", ["auto", "sdpa", "classic", "matmul"])
