@@ -218,7 +218,7 @@ def run(args) -> dict:
 
     # Generate this rank's share.
     unet = pipe.unet.to(accelerator.device).eval().requires_grad_(False)
-    configure_attention(unet, "sdpa", accelerator.device.type)  # forward only: SDPA is the faster kernel (docs/performance.md)
+    configure_attention(unet, "auto", accelerator.device.type)  # the kernel per device and length (docs/performance.md)
     if accelerator.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     if args.compile:

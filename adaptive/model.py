@@ -36,10 +36,11 @@ def build_noise_scheduler(cfg: TrainConfig) -> DDPMScheduler:
     )
 
 
-# Training under CPU bf16 autocast: attention over at most this many tokens uses `matmul_attention` instead of SDPA.
-# Measured by benchmarks/attention_kernels.py (docs/benchmarks/throughput/2026-11-30/attention.md, idle machine): one
-# 64-token cpu-tiny16 block forward+backward takes 18 ms that way, 24 ms with SDPA in fp32 (the previous rule) or bf16
-# classic, 71 ms with bf16 SDPA (its CPU backward is slow for 8-channel heads); at 256 tokens SDPA is 2.5x faster.
+# Under CPU bf16 autocast: attention over at most this many tokens uses `matmul_attention` instead of SDPA. Measured
+# by benchmarks/attention_kernels.py (docs/benchmarks/throughput/2026-11-30/attention.md, idle machine): one 64-token
+# cpu-tiny16 block takes 11-15 ms forward+backward that way against 25 with fp32 SDPA and 69 with bf16 SDPA (its CPU
+# backward is slow for 8-channel heads), and 9 ms forward only against 16 with bf16 SDPA; at 256 tokens SDPA is as fast
+# for training and 1.7x faster for sampling, so longer sequences keep it.
 CPU_MATMUL_ATTENTION_MAX_TOKENS = 64
 
 
@@ -79,14 +80,14 @@ class MatmulAttnProcessor(AttnProcessor2_0):
 
 
 class CpuAttnProcessor(MatmulAttnProcessor):
-    """SDPA; while training under CPU bf16 autocast, short sequences use `matmul_attention` (faster there)."""
+    """SDPA; under CPU bf16 autocast (training and sampling), short sequences use `matmul_attention` (faster there)."""
 
     # The parent's named parameters, spelled out: Attention.forward inspects this signature and warns (every call)
     # about, then drops, any keyword it does not name - e.g. the U-Net's temb.
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
                  **kwargs):
         kwargs.update(encoder_hidden_states=encoder_hidden_states, attention_mask=attention_mask, temb=temb)
-        if (hidden_states.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
+        if (hidden_states.device.type == "cpu" and torch.is_autocast_enabled("cpu")
                 and attention_tokens(hidden_states) <= CPU_MATMUL_ATTENTION_MAX_TOKENS):
             return super().__call__(attn, hidden_states, *args, **kwargs)
         return AttnProcessor2_0.__call__(self, attn, hidden_states, *args, **kwargs)
@@ -95,7 +96,7 @@ class CpuAttnProcessor(MatmulAttnProcessor):
 def configure_attention(unet, impl: str = "auto", device_type: str = "cpu"):
     """Pick the attention kernel: 'sdpa' (torch scaled_dot_product_attention, Diffusers' default), 'classic'
     (Diffusers' AttnProcessor: baddbmm + softmax), 'matmul' (`matmul_attention`: two matmuls, fp32 softmax) or 'auto'
-    = SDPA, on the CPU with short sequences through `matmul_attention` while training under bf16 autocast
+    = SDPA, on the CPU with short sequences through `matmul_attention` under bf16 autocast
     (CPU_MATMUL_ATTENTION_MAX_TOKENS; bf16 SDPA backward over 8-channel heads is slow on the CPU). Same math every way;
     returns the U-Net.
     """

@@ -106,7 +106,7 @@ def worker(args) -> dict:
         unet = build_unet(cfg).to(device).eval()
         sched = build_noise_scheduler(cfg)
         if kind == "sample-ours":
-            configure_attention(unet, "sdpa", device.type)  # as sample.py: SDPA is the faster forward-only kernel
+            configure_attention(unet, "auto", device.type)  # as sample.py
             if compile_:
                 unet = compile_for_sampling(unet)  # as sample.py --compile
             dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
