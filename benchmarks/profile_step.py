@@ -84,7 +84,7 @@ def sampling_forward(preset: str, batch: int):
     from adaptive.model import build_unet, configure_attention
 
     cfg = TrainConfig(**PRESETS[preset])
-    unet = configure_attention(build_unet(cfg).eval(), "sdpa", "cpu")  # as sample.py
+    unet = configure_attention(build_unet(cfg).eval(), "auto", "cpu")  # as sample.py
     x, t = torch.randn(batch, 3, cfg.resolution, cfg.resolution), torch.tensor(500)
 
     def fn():
