@@ -201,6 +201,14 @@ def fmt_load(load) -> str:
     return "/".join(f"{x:.1f}" for x in load) if load else "?"
 
 
+def kept_presets(res: dict, section: str, commit: str) -> str:
+    """' (P: commit c, ...)' for the presets of a section kept from an earlier run (`--only` re-measured the others)."""
+    per_preset = res.get(section) if isinstance(res.get(section), dict) else {}  # train, sample (not methods, memory)
+    kept = [f"{p}: commit `{r['git_commit'][:7]}`" for p, r in per_preset.items()
+            if isinstance(r, dict) and r.get("git_commit", commit) != commit]
+    return f" ({', '.join(kept)} kept from an earlier run)" if kept else ""
+
+
 def write_readme(res: dict, path: Path) -> None:
     L = [f"# Throughput ({res['date']}, {res['machine']})", "",
          f"Command: `{res['command']}`; commit `{res['git_commit']}`; torch {res['versions']['torch']}. "
@@ -211,8 +219,9 @@ def write_readme(res: dict, path: Path) -> None:
          f"{fmt_load(res.get('load_average_start'))}, at end {fmt_load(res.get('load_average_end'))} on "
          f"{os.cpu_count()} CPUs.", "",
          *(["Sections measured separately (`--only`): " + "; ".join(
-             f"{name}: commit `{v['git_commit'][:7]}`, load {fmt_load(v.get('load_average_start'))} -> "
-             f"{fmt_load(v.get('load_average_end'))}" for name, v in res["sections"].items()), ""]
+             f"{name}: commit `{v['git_commit'][:7]}`{kept_presets(res, name, v['git_commit'])}, load "
+             f"{fmt_load(v.get('load_average_start'))} -> {fmt_load(v.get('load_average_end'))}"
+             for name, v in res["sections"].items()), ""]
            if len({v["git_commit"] for v in res.get("sections", {}).values()}) > 1
            or any(v.get("command") != res["command"] for v in res.get("sections", {}).values()) else []),
          *([] if res.get("complete", True) else ["**Partial run**: the sections below are those measured before it "
@@ -293,7 +302,7 @@ def ablations(args, data: Path, out: Path, res: dict) -> int:
     (out / "ablations.json").write_text(json.dumps(res, indent=1))
     L = [f"# Ablations of our training step ({res['date']}, {res['machine']})", "",
          f"Command: `{res['command']}`; commit `{res['git_commit']}`. img/s relative to our default step (bf16 autocast, SDPA attention "
-         "with short sequences through two bf16 matmuls and an fp32 softmax while training on the CPU, NCHW), each variant in fresh processes in rotating order. Load average "
+         "with short sequences through `matmul_attention` under CPU autocast, NCHW), each variant in fresh processes in rotating order. Load average "
          f"at start {fmt_load(res['load_average_start'])}, at end {fmt_load(res['load_average_end'])} on {os.cpu_count()} CPUs.",
          "", "| preset | batch | variant | flags | img/s | vs default |", "|---|---|---|---|---|---|"]
     for preset, r in res["ablations"].items():
@@ -372,8 +381,8 @@ def main(argv=None) -> int:
         print(f"training {preset} batch {batch}: ours vs conventional", flush=True)
         kinds = ["train-ours", "train-conventional"] if args.quick or preset == "ddpm-cifar10" else \
             ["train-ours", "train-ours-compile", "train-conventional"]  # compiling the 35.7M U-Net on a CPU: skipped
-        res["train"][preset] = {"batch": batch, **side_by_side(kinds, "train-conventional", preset, data, batch, args,
-                                                              args.rounds)}
+        res["train"][preset] = {"batch": batch, "git_commit": commit, **side_by_side(
+            kinds, "train-conventional", preset, data, batch, args, args.rounds)}
         print("  " + ", ".join(f"{k} {res['train'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
         save(False, "train")
     sample_presets = args.presets[:1] if args.quick else [p for p in args.presets if p != "ddpm-cifar10"]
@@ -381,7 +390,7 @@ def main(argv=None) -> int:
         print(f"sampling {preset}: ours vs DDPMPipeline", flush=True)
         kinds = ["sample-ours", "sample-ours-compile", "sample-pipeline"] if not args.quick else ["sample-ours", "sample-pipeline"]
         steps = args.sample_steps if preset == "cpu-tiny16" or args.quick else max(1, args.sample_steps // 5)
-        res["sample"][preset] = {"batch": args.sample_batch, "steps": steps, **side_by_side(
+        res["sample"][preset] = {"batch": args.sample_batch, "steps": steps, "git_commit": commit, **side_by_side(
             kinds, "sample-pipeline", preset, data, args.sample_batch,
             argparse.Namespace(**{**vars(args), "window_steps": 1, "windows": 2, "warmup": 1, "sample_steps": steps}),
             args.rounds)}

@@ -107,6 +107,7 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path):
         v = (train if kind.startswith("train") else sample)[kind]
         assert v["img_per_s"] > 0 and len(v["windows"]) == 4  # 2 rounds x 2 windows, each in a fresh process
     assert train["train-conventional"]["mixed_precision"] == "no" and len(res["load_average_end"]) == 3
+    assert train["git_commit"] == sample["git_commit"] == res["git_commit"]  # every preset's provenance
     assert (out / "throughput.png").stat().st_size > 1000
     table = (out / "README.md").read_text()
     assert "| cpu-tiny16 | 8 | ours |" in table and "| cpu-tiny16 | 8 | conventional |" in table and "vs pipeline" in table
