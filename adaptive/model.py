@@ -95,7 +95,7 @@ class CpuAttnProcessor(MatmulAttnProcessor):
 
 def configure_attention(unet, impl: str = "auto", device_type: str = "cpu"):
     """Pick the attention kernel: 'sdpa' (torch scaled_dot_product_attention, Diffusers' default), 'classic'
-    (Diffusers' AttnProcessor: baddbmm + softmax), 'matmul' (`matmul_attention`: two matmuls, fp32 softmax) or 'auto'
+    (Diffusers' AttnProcessor: baddbmm + softmax), 'matmul' (`matmul_attention`: two matmuls and a softmax) or 'auto'
     = SDPA, on the CPU with short sequences through `matmul_attention` under bf16 autocast
     (CPU_MATMUL_ATTENTION_MAX_TOKENS; bf16 SDPA backward over 8-channel heads is slow on the CPU). Same math every way;
     returns the U-Net.
