@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser
-from adaptive.model import configure_attention
+from adaptive.attention import configure_attention
 
 GRID_IMAGES = 64
 IDENTITY_KEYS = ("model_path", "scheduler", "num_inference_steps", "seed_offset")  # what a resumed run must share

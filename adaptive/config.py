@@ -110,7 +110,7 @@ class TrainConfig:
     # --- speed ---
     allow_tf32: bool = True  # TF32 matmuls/convolutions on Ampere+ GPUs
     channels_last: bool = False  # NHWC memory format for the U-Net
-    attention_impl: str = "auto"  # attention kernel: auto (sdpa; on CPU under bf16 autocast, short sequences via matmul) | sdpa | classic | matmul
+    attention_impl: str = "auto"  # attention kernel: auto (matmul on the CPU under bf16 autocast, else sdpa) | sdpa | classic | matmul (bf16 matmuls over cache-sized groups of heads)
     compile: bool = False  # torch.compile the U-Net's training forward (compile time is reported, not counted as training)
     gradient_checkpointing: bool = False  # recompute U-Net block activations in the backward pass (less memory, slower)
 

@@ -24,7 +24,8 @@ from .control import StopControl
 from .data import Layout, load_train_data, open_entries
 from .ema import EMA
 from .losses import DiffusionTables, per_sample_mse, q_sample, training_target
-from .model import build_noise_scheduler, build_unet, configure_attention, count_parameters
+from .attention import configure_attention
+from .model import build_noise_scheduler, build_unet, count_parameters
 from .phema import PowerEMAs
 from .sampling import generate_distributed, save_grid
 from .seeding import generator, seed_for

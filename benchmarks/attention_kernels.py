@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """One attention block of our U-Nets, each kernel x precision, interleaved in one process: forward+backward
-(training) and forward only (sampling). The measurement behind `--attention_impl auto` (adaptive/model.py).
+(training) and forward only (sampling), and the blocked kernel's group size. The measurement behind `--attention_impl auto`
+(adaptive/attention.py).
 
     python benchmarks/attention_kernels.py            # -> docs/benchmarks/throughput/<date>/attention.{json,md}
 """
@@ -23,13 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from adaptive.model import configure_attention  # noqa: E402
+import adaptive.attention as attention  # noqa: E402
+from adaptive.attention import configure_attention  # noqa: E402
 
 # (label, batch, channels, side): the attention blocks of cpu-tiny16 (64 tokens), cpu-tiny (256) and ddpm-cifar10 (256)
 CASES = [("cpu-tiny16", 128, 64, 8), ("cpu-tiny", 128, 64, 16), ("ddpm-cifar10", 16, 256, 16)]
-# (label, attention_impl, autocast bf16?)
-VARIANTS = [("classic bf16", "classic", True), ("matmul bf16", "matmul", True), ("sdpa bf16", "sdpa", True),
-            ("sdpa fp32", "sdpa", False), ("auto bf16", "auto", True)]
+# (label, attention_impl, autocast bf16?, overrides of adaptive.attention's constants)
+UNBLOCKED = {"UNBLOCKED_SCORE_BYTES": float("inf")}
+VARIANTS = [("classic bf16", "classic", True, {}), ("matmul bf16 unblocked", "matmul", True, UNBLOCKED),
+            ("matmul bf16", "matmul", True, {}), ("sdpa bf16", "sdpa", True, {}), ("sdpa fp32", "sdpa", False, {}),
+            ("auto bf16", "auto", True, {})]
+# Per-thread score budgets of the blocked kernel swept on the 256-token blocks (the default is marked in the table).
+BUDGETS_MIB = [0.25, 0.5, 1, 2, 4, 8]
 
 
 class Block(torch.nn.Module):
@@ -48,15 +54,27 @@ def time_ms(fn, reps: int) -> float:
     return (time.perf_counter() - t0) / reps * 1000
 
 
-def measure(rounds: int, reps: int, cases=CASES) -> list[dict]:
+def with_constants(overrides: dict, fn):
+    """Run fn() with some of adaptive.attention's module constants replaced."""
+    old = {k: getattr(attention, k) for k in overrides}
+    for k, v in overrides.items():
+        setattr(attention, k, v)
+    try:
+        return fn()
+    finally:
+        for k, v in old.items():
+            setattr(attention, k, v)
+
+
+def measure(rounds: int, reps: int, cases=CASES, variants=VARIANTS, modes=("train", "sample")) -> list[dict]:
     rows = []
     for label, batch, channels, side in cases:
         block = Block(channels)
-        for mode in ("train", "sample"):
+        for mode in modes:
             x = torch.randn(2 * batch if mode == "sample" else batch, channels, side, side, requires_grad=mode == "train")
-            times: dict[str, list[float]] = {v[0]: [] for v in VARIANTS}
+            times: dict[str, list[float]] = {v[0]: [] for v in variants}
             for _ in range(rounds):  # interleaved: load changes hit every variant
-                for name, impl, bf16 in VARIANTS:
+                for name, impl, bf16, overrides in variants:
                     configure_attention(block, impl, "cpu")
 
                     def step():
@@ -65,7 +83,7 @@ def measure(rounds: int, reps: int, cases=CASES) -> list[dict]:
                         if mode == "train":
                             y.float().sum().backward()
 
-                    times[name].append(time_ms(step, reps))
+                    times[name].append(with_constants(overrides, lambda: time_ms(step, reps)))
             for name, ts in times.items():
                 rows.append({"case": label, "tokens": side * side, "channels": channels, "batch": x.shape[0], "mode": mode,
                              "variant": name, "ms": statistics.median(ts), "all_ms": ts})
@@ -85,9 +103,14 @@ def main(argv=None) -> int:
 
     load0 = os.getloadavg()
     rows = measure(rounds, reps, cases)
+    default_mib = attention.BLOCK_SCORE_BYTES_PER_THREAD / 2**20
+    budget_variants = [(f"{mib:g} MiB", "matmul", True, {"BLOCK_SCORE_BYTES_PER_THREAD": int(mib * 2**20)})
+                       for mib in BUDGETS_MIB]
+    sweep = measure(rounds, reps, [c for c in cases if c[3] ** 2 >= 256] or cases, budget_variants, ("train",))
     res = {"date": dt.date.today().isoformat(), "command": " ".join(["python", "benchmarks/attention_kernels.py", *(argv or sys.argv[1:])]),
            "git_commit": cm.git("rev-parse", "HEAD"), "machine": cm.machine()["cpu"], "threads": torch.get_num_threads(),
-           "torch": torch.__version__, "load_average_start": load0, "load_average_end": os.getloadavg(), "rows": rows}
+           "torch": torch.__version__, "load_average_start": load0, "load_average_end": os.getloadavg(), "rows": rows,
+           "budget_sweep": sweep, "default_budget_mib": default_mib}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "attention.json").write_text(json.dumps(res, indent=1))
     L = [f"# Attention kernels on the CPU ({res['date']}, {res['machine']}, {res['threads']} threads)", "",
@@ -101,8 +124,18 @@ def main(argv=None) -> int:
         best = min(r["ms"] for r in sel.values())
         cells = [f"**{sel[v[0]]['ms']:.0f}**" if sel[v[0]]["ms"] == best else f"{sel[v[0]]['ms']:.0f}" for v in VARIANTS]
         L.append(f"| {case} | {next(iter(sel.values()))['tokens']} | {mode} | " + " | ".join(cells) + " |")
+    L += ["", "Blocked `matmul_attention` (training, forward + backward, bf16) against the score bytes per thread of "
+          f"each group of heads (`BLOCK_SCORE_BYTES_PER_THREAD`; the default, {default_mib:g} MiB, in the header "
+          "with a *):", "",
+          "| block | tokens | " + " | ".join(f"{v[0]}{'*' if float(v[0].split()[0]) == default_mib else ''}"
+                                          for v in budget_variants) + " |", "|---|---|" + "---|" * len(budget_variants)]
+    for case in dict.fromkeys(r["case"] for r in sweep):
+        sel = {r["variant"]: r for r in sweep if r["case"] == case}
+        best = min(r["ms"] for r in sel.values())
+        cells = [f"**{sel[v[0]]['ms']:.0f}**" if sel[v[0]]["ms"] == best else f"{sel[v[0]]['ms']:.0f}" for v in budget_variants]
+        L.append(f"| {case} | {next(iter(sel.values()))['tokens']} | " + " | ".join(cells) + " |")
     (args.out / "attention.md").write_text("\n".join(L) + "\n")
-    print("\n".join(L[-(len(rows) // len(VARIANTS)) - 2:]))
+    print("\n".join(L))
     return 0
 
 

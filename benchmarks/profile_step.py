@@ -81,7 +81,8 @@ def training_step(preset: str, batch: int, data: Path):
 
 def sampling_forward(preset: str, batch: int):
     from adaptive.config import PRESETS, TrainConfig
-    from adaptive.model import build_unet, configure_attention
+    from adaptive.attention import configure_attention
+    from adaptive.model import build_unet
 
     cfg = TrainConfig(**PRESETS[preset])
     unet = configure_attention(build_unet(cfg).eval(), "auto", "cpu")  # as sample.py

@@ -99,7 +99,8 @@ def worker(args) -> dict:
     else:  # sampling: ours (sample.py's path) vs DDPMPipeline out of the box, same model and steps
         from diffusers import DDPMPipeline
 
-        from adaptive.model import build_noise_scheduler, build_unet, configure_attention
+        from adaptive.attention import configure_attention
+        from adaptive.model import build_noise_scheduler, build_unet
         from adaptive.sampling import compile_for_sampling, ddpm_sample
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -301,8 +302,8 @@ def ablations(args, data: Path, out: Path, res: dict) -> int:
     res["load_average_end"] = os.getloadavg()
     (out / "ablations.json").write_text(json.dumps(res, indent=1))
     L = [f"# Ablations of our training step ({res['date']}, {res['machine']})", "",
-         f"Command: `{res['command']}`; commit `{res['git_commit']}`. img/s relative to our default step (bf16 autocast, SDPA attention "
-         "with short sequences through `matmul_attention` under CPU autocast, NCHW), each variant in fresh processes in rotating order. Load average "
+         f"Command: `{res['command']}`; commit `{res['git_commit']}`. img/s relative to our default step (bf16 autocast, `--attention_impl "
+         "auto`: `matmul_attention` under CPU autocast, NCHW), each variant in fresh processes in rotating order. Load average "
          f"at start {fmt_load(res['load_average_start'])}, at end {fmt_load(res['load_average_end'])} on {os.cpu_count()} CPUs.",
          "", "| preset | batch | variant | flags | img/s | vs default |", "|---|---|---|---|---|---|"]
     for preset, r in res["ablations"].items():
