@@ -32,7 +32,6 @@ VARIANTS = {
     "train-ours-fp32": ("train-ours", ["--mixed_precision", "no"]),
     "train-ours-sdpa": ("train-ours", ["--attention_impl", "sdpa"]),
     "train-ours-classic": ("train-ours", ["--attention_impl", "classic"]),
-    "train-ours-matmul": ("train-ours", ["--attention_impl", "matmul"]),
     "train-ours-channels_last": ("train-ours", ["--channels_last"]),
 }
 
