@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
-# Score matrices (batch x heads, L x L) up to this many bytes in all are computed in one go, and the probabilities are
+# On the CPU, score matrices (batch x heads, L x L) up to this many bytes in all are computed in one go, and the probabilities are
 # kept for the backward: cpu-tiny16's 64-token blocks (8 MiB at batch 128; 16 MiB when sampling at batch 256).
 UNBLOCKED_SCORE_BYTES = 16 * 2**20
 # Above it, `matmul_attention` runs over groups of matrices that fill this many bytes per thread (about one core's L2
@@ -99,9 +99,11 @@ blocked_attention.register_autograd(_backward, setup_context=_save_inputs)
 def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      group: int | None = None) -> torch.Tensor:
     """softmax(q k^T scale) v over (B, heads, L, d) as matmuls and a softmax in the input dtype (Vaswani et al. 2017,
-    eq. 1), over groups of `group` heads (default `attention_group`) when all the scores would not fit the cache."""
+    eq. 1), over groups of `group` heads (default on the CPU: `attention_group`; elsewhere all at once) when all the
+    scores would not fit the cache."""
     n = q.shape[:-2].numel()
-    group = group or attention_group(n, q.shape[-2], k.shape[-2], q.element_size())
+    if group is None:
+        group = attention_group(n, q.shape[-2], k.shape[-2], q.element_size()) if q.device.type == "cpu" else n
     if group >= n:
         probs = torch.matmul(q * scale, k.transpose(-1, -2)).softmax(-1)
         return torch.matmul(probs, v)
