@@ -229,16 +229,16 @@ def run(args) -> dict:
     seconds = time.perf_counter() - t0
 
     # Write the grid, npz and sampling.json.
-    if not accelerator.is_main_process:
-        return record
-    record = {**record, "num_images": args.num_images, "generated": len(todo), "seconds": round(seconds, 2),
-              "images_per_s": round(len(todo) / seconds, 2) if todo else None,
-              "mixed_precision": accelerator.mixed_precision, "world_size": accelerator.num_processes,
-              "batch_size": args.batch_size, "compile": args.compile}
-    record = finalize(out, record, args.npz)
-    skipped = args.num_images - len(todo)
-    print(f"sampled {len(todo)} images ({skipped} already there) with {record['sampler']}, "
-          f"{args.num_inference_steps} steps, in {seconds:.1f}s on {accelerator.num_processes} process(es) -> {out}")
+    if accelerator.is_main_process:
+        record = {**record, "num_images": args.num_images, "generated": len(todo), "seconds": round(seconds, 2),
+                  "images_per_s": round(len(todo) / seconds, 2) if todo else None,
+                  "mixed_precision": accelerator.mixed_precision, "world_size": accelerator.num_processes,
+                  "batch_size": args.batch_size, "compile": args.compile}
+        record = finalize(out, record, args.npz)
+        skipped = args.num_images - len(todo)
+        print(f"sampled {len(todo)} images ({skipped} already there) with {record['sampler']}, "
+              f"{args.num_inference_steps} steps, in {seconds:.1f}s on {accelerator.num_processes} process(es) -> {out}")
+    accelerator.end_training()  # every rank: the process group is torn down here, not by the interpreter's exit
     return record
 
 

@@ -38,3 +38,4 @@ for name in ("adaptive", "iddpm", "edm2_uncertainty"):
     print(f"rank {rank}: {name} state identical across ranks ({flat.numel()} values)")
 acc.wait_for_everyone()
 print(f"rank {rank}: OK")
+acc.end_training()  # tear the gloo group down before the interpreter exits (an exit with it alive can abort)
