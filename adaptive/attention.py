@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
-# On the CPU, score matrices (batch x heads, L x L) up to this many bytes in all are computed in one go, and the probabilities are
-# kept for the backward: cpu-tiny16's 64-token blocks (8 MiB at batch 128; 16 MiB when sampling at batch 256).
+# On the CPU, score matrices (batch x heads, L x L) up to this many bytes in all are computed in one go, and the
+# probabilities are kept for the backward: cpu-tiny16's 64-token blocks (8 MiB at batch 128; 16 MiB when sampling at
+# batch 256).
 UNBLOCKED_SCORE_BYTES = 16 * 2**20
 # Above it, `matmul_attention` runs over groups of matrices that fill this many bytes per thread (about one core's L2
 # cache), and the backward recomputes each group's probabilities instead of reading them back from memory.

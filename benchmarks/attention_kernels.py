@@ -127,8 +127,9 @@ def main(argv=None) -> int:
     L += ["", "Blocked `matmul_attention` (training, forward + backward, bf16) against the score bytes per thread of "
           f"each group of heads (`BLOCK_SCORE_BYTES_PER_THREAD`; the default, {default_mib:g} MiB, in the header "
           "with a *):", "",
-          "| block | tokens | " + " | ".join(f"{v[0]}{'*' if float(v[0].split()[0]) == default_mib else ''}"
-                                          for v in budget_variants) + " |", "|---|---|" + "---|" * len(budget_variants)]
+          "| block | tokens | " + " | ".join(f"{v[0]}{'*' if mib == default_mib else ''}"
+                                          for mib, v in zip(BUDGETS_MIB, budget_variants)) + " |",
+          "|---|---|" + "---|" * len(budget_variants)]
     for case in dict.fromkeys(r["case"] for r in sweep):
         sel = {r["variant"]: r for r in sweep if r["case"] == case}
         best = min(r["ms"] for r in sel.values())

@@ -120,6 +120,20 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path):
     assert "Sections measured separately" in (out / "README.md").read_text()
 
 
+def test_attention_kernels_quick_mode_times_every_variant_and_restores_the_constants(tmp_path):
+    import adaptive.attention as attention
+    import attention_kernels as ak
+
+    before = (attention.UNBLOCKED_SCORE_BYTES, attention.BLOCK_SCORE_BYTES_PER_THREAD)
+    assert ak.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert (attention.UNBLOCKED_SCORE_BYTES, attention.BLOCK_SCORE_BYTES_PER_THREAD) == before
+    res = json.loads((tmp_path / "attention.json").read_text())
+    assert {(r["variant"], r["mode"]) for r in res["rows"]} == {(v[0], m) for v in ak.VARIANTS for m in ("train", "sample")}
+    assert {r["variant"] for r in res["budget_sweep"]} == {f"{mib:g} MiB" for mib in ak.BUDGETS_MIB}
+    assert all(r["ms"] > 0 for r in res["rows"] + res["budget_sweep"])
+    assert f"| {before[1] / 2**20:g} MiB* |" in (tmp_path / "attention.md").read_text()  # the default, marked
+
+
 def test_profile_groups_backward_kernels_apart_from_forward_ones():
     from profile_step import group_of
 

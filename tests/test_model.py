@@ -165,5 +165,15 @@ def test_compiled_attention_block_calls_the_blocked_operator_and_matches_eager(m
         y.float().square().sum().backward()
         results.append((y.float().detach(), xi.grad))
     assert calls and all(g < 4 * 4 for g in calls)  # the operator ran with its groups, eager and compiled
+    # and torch.compile sees it as one node, not as the matmuls and softmaxes of its loop
+    targets = []
+
+    def record(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.compile(m.attn, backend=record, fullgraph=True)(x)
+    assert "adaptive.blocked_attention.default" in targets and not any("softmax" in t for t in targets)
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=0.05, rtol=0.05)
