@@ -51,6 +51,48 @@ METHODS = {  # method -> train_accelerate.py flags
     "adaptive": ["--timestep_sampler", "adaptive"],
 }
 COST_FREE = 1.02  # cost ratios up to this use the uniform step counts (PROTOCOL.md)
+CLAIM_SEEDS = (10, 11, 12)  # PROTOCOL.md: run once, on a frozen method; no development run may use them
+CALIBRATION_STEPS = 6000  # 32 px calibration: uniform-tuned on seed 0, evaluated every 500 steps
+# `uniform-tuned` (PROTOCOL.md): the best of this grid on development seed 0 by FD at the budget.
+TUNING_GRID = {"learning_rate": (1e-3, 2e-3, 4e-3, 8e-3), "adam_beta2": (0.999, 0.99)}
+TUNING_SEED = 0
+TIE = 0.01  # FDs at the budget within 1% are a tie in the grid; the earlier transition wins it
+TRANSITION_FD = 5.0  # "the transition": the first evaluation whose FD is at or below this (blobs ~10, images ~3)
+
+
+def grid_name(lr: float, beta2: float) -> str:
+    return f"uniform_lr{lr:g}_b2-{beta2:g}"
+
+
+def grid_variants() -> dict[str, list[str]]:
+    """The uniform-tuned grid as named variants: name -> train_accelerate.py flags."""
+    return {grid_name(lr, b2): ["--learning_rate", f"{lr:g}", "--adam_beta2", f"{b2:g}"]
+            for lr in TUNING_GRID["learning_rate"] for b2 in TUNING_GRID["adam_beta2"]}
+
+
+def tuned_flags(tuned: dict | None) -> dict[str, list[str]]:
+    """`uniform-tuned` and the loss-weighting baselines at its learning rate (PROTOCOL.md), from a tuning result."""
+    if not tuned:
+        return {}
+    lr, b2 = f"{tuned['learning_rate']:g}", f"{tuned['adam_beta2']:g}"
+    return {"uniform-tuned": ["--learning_rate", lr, "--adam_beta2", b2],
+            "min_snr": [*METHODS["min_snr"], "--learning_rate", lr],
+            "p2": [*METHODS["p2"], "--learning_rate", lr]}
+
+
+def variants(tuned: dict | None = None) -> dict[str, tuple[str, list[str]]]:
+    """Every runnable name -> (the method whose measured cost ratio it uses, its train_accelerate.py flags)."""
+    out = {m: (m, f) for m, f in METHODS.items()}
+    out.update({n: ("uniform", f) for n, f in grid_variants().items()})
+    for n, f in tuned_flags(tuned).items():
+        out[n] = ("uniform" if n == "uniform-tuned" else n, f)
+    return out
+
+
+def order(name: str) -> tuple[int, str]:
+    """Sort key: the protocol's method order, variants after their method."""
+    base = "uniform" if name.startswith("uniform") else name
+    return (list(METHODS).index(base) if base in METHODS else len(METHODS), name)
 
 
 # ------------------------------------------------------------------------------------------------ provenance
@@ -109,12 +151,12 @@ def costs_to_measure(costs: dict | None, methods: list[str], remeasure: list[str
     `remeasure` ones. Only these are measured again (side by side with uniform); every kept ratio stays as it is, so
     that finished runs, whose step budgets were planned from it, stay finished."""
     kept = {m: c for m, c in (costs or {}).items() if m not in remeasure}
-    needed = sorted(set(methods) | {"uniform"}, key=list(METHODS).index)
+    needed = sorted(set(methods) | {"uniform"}, key=order)
     return kept, [m for m in needed if m not in kept]
 
 
 def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
-                  extra: list[str], clock: str = "wall") -> dict:
+                  extra: list[str], clock: str = "wall", preset: str = "cpu-tiny16") -> dict:
     """Median per-step time of each method's real optimizer step over interleaved blocks, relative to uniform.
     clock 'wall': elapsed time; 'cpu': this process's CPU time - with one thread, the step's compute cost without
     the time other processes of a busy machine take from it."""
@@ -130,13 +172,13 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
     from train_accelerate import parse_args
 
     work = ROOT / "benchmarks" / "_work" / "cost"
-    base = resolve_config(parse_args(["--preset", "cpu-tiny16", "--train_data_dir", str(data), "--output_dir", str(work),
+    base = resolve_config(parse_args(["--preset", preset, "--train_data_dir", str(data), "--output_dir", str(work),
                                       "--overwrite_output_dir", "--logger", "none", *extra]))
     run = setup(base, lambda m: None)
     device = run.accelerator.device
     variants = {}
     for m in methods:
-        cfg = resolve_config(parse_args(["--preset", "cpu-tiny16", "--train_data_dir", str(data), "--output_dir",
+        cfg = resolve_config(parse_args(["--preset", preset, "--train_data_dir", str(data), "--output_dir",
                                          str(work), "--logger", "none", *extra, *METHODS[m]]))
         tables = DiffusionTables.build(run.noise_scheduler.alphas_cumprod, cfg, device)
         variants[m] = (replace(base, **{k: getattr(cfg, k) for k in ("timestep_sampler", "loss_weighting")}), tables,
@@ -191,11 +233,12 @@ def plan(method: str, cost_ratio: float, budget: int, points: tuple[int, ...]) -
 
 
 def train_command(method: str, seed: int, out: Path, steps: int, evals: list[int], args) -> list[str]:
-    cmd = [sys.executable, str(ROOT / "train_accelerate.py"), "--preset", "cpu-tiny16", "--train_data_dir", str(args.data),
+    flags = variants(args.tuned)[method][1]
+    cmd = [sys.executable, str(ROOT / "train_accelerate.py"), "--preset", args.preset, "--train_data_dir", str(args.data),
            "--output_dir", str(out), "--seed", str(seed), "--logger", "none", "--max_train_steps", str(steps),
            "--eval_at_steps", ",".join(map(str, evals)), "--eval_feature_extractor", str(args.feature_extractor),
            "--checkpointing_steps", str(args.checkpointing_steps), "--checkpoints_total_limit", "1",
-           "--save_images_steps", str(max(evals)), "--resume_from_checkpoint", "latest", *args.extra, *METHODS[method]]
+           "--save_images_steps", str(max(evals)), "--resume_from_checkpoint", "latest", *args.extra, *flags]
     if args.mode == "wallclock":
         cmd += ["--max_train_minutes", str(args.budget_minutes)]
     return cmd
@@ -244,8 +287,9 @@ def interpolate_crossing(xs: list[float], ys: list[float], target: float) -> flo
     return None
 
 
-def aggregate(rows: list[dict], budget: int, points: tuple[int, ...]) -> dict:
-    """Per method: mean/std FD at each uniform-equivalent point, time to uniform's final FD, speed-up."""
+def aggregate(rows: list[dict], budget: int, points: tuple[int, ...], reference: str = "uniform") -> dict:
+    """Per method: mean/std FD at each uniform-equivalent point, time to the reference's (uniform's, or
+    uniform-tuned's) final FD, speed-up."""
     by_method: dict[str, list[dict]] = {}
     running: dict[str, list[str]] = {}
     for r in rows:
@@ -271,9 +315,10 @@ def aggregate(rows: list[dict], budget: int, points: tuple[int, ...]) -> dict:
         summary[m] = {"cost_ratio": next(r["cost_ratio"] for r in rows if r["method"] == m),
                       "cost_ratio_used": next(r["cost_ratio_used"] for r in rows if r["method"] == m),
                       "seeds": [], "curve": [], "minutes": [], "steps_reached": [], "running": runs}
-    if "uniform" in summary and summary["uniform"]["curve"] and summary["uniform"]["curve"][-1]["equiv_step"] == budget:
-        target = summary["uniform"]["curve"][-1]["mean"]
-        final = {r["seed"]: r for r in by_method["uniform"]}
+    ref = summary.get(reference)
+    if ref and ref["curve"] and ref["curve"][-1]["equiv_step"] == budget:
+        target = ref["curve"][-1]["mean"]
+        final = {r["seed"]: r for r in by_method[reference]}
         for m, s in summary.items():
             xs = [p["equiv_step"] for p in s["curve"]]
             ys = [p["mean"] for p in s["curve"]]
@@ -281,7 +326,7 @@ def aggregate(rows: list[dict], budget: int, points: tuple[int, ...]) -> dict:
             s["target_fd"] = target
             s["equiv_steps_to_target"] = cross
             s["speedup"] = budget / cross if cross else None
-            # paired by seed: the method's seed-k curve against uniform's seed-k final FD
+            # paired by seed: the method's seed-k curve against the reference's seed-k final FD
             s["speedup_by_seed"] = {}
             for r in by_method.get(m, []):
                 if r["seed"] in final:
@@ -298,26 +343,29 @@ def complete(row: dict) -> bool:
     return {e["step"] for e in row["evals"]} >= set(row.get("eval_steps", ()))
 
 
-def bar_verdict(summary: dict, max_cost: float = 1.02, min_speedup: float = 2.0) -> list[str]:
-    """The issue's three conditions for `adaptive`, checked on this table (lines for the README)."""
+def bar_verdict(summary: dict, max_cost: float = 1.02, min_speedup: float = 2.0, baselines: list[str] | None = None,
+                reference: str = "uniform") -> list[str]:
+    """The issue's three conditions for `adaptive`, checked on this table (lines for the README); `baselines` are the
+    methods it must beat (default: every method of the protocol)."""
     a = summary.get("adaptive")
     if not a or not a["curve"] or "target_fd" not in a:
         return ["Not enough finished runs to check the bar yet."]
     sp = a.get("speedup")
-    out = [f"1. speed-up >= {min_speedup:g}x: {'yes' if sp and sp >= min_speedup else 'no'} "
-           f"({f'{sp:.2f}x' if sp else 'uniform final FD not reached'} on the mean curves)"]
+    out = [f"1. speed-up >= {min_speedup:g}x against {reference}: {'yes' if sp and sp >= min_speedup else 'no'} "
+           f"({f'{sp:.2f}x' if sp else reference + ' final FD not reached'} on the mean curves)"]
     fa, sa = a["curve"][-1]["mean"], a["curve"][-1]["std"]
+    wanted = baselines if baselines is not None else [m for m in METHODS if m != "adaptive"]
     worse, unclear = [], []
     for m, s in sorted(summary.items()):
-        if m == "adaptive" or not s["curve"] or s["curve"][-1]["equiv_step"] != a["curve"][-1]["equiv_step"]:
+        if m not in wanted or not s["curve"] or s["curve"][-1]["equiv_step"] != a["curve"][-1]["equiv_step"]:
             continue
         fb, sb = s["curve"][-1]["mean"], s["curve"][-1]["std"]
         if fa >= fb:
             worse.append(f"{m} {fb:.3f}")
         elif min(len(a["seeds"]), len(s["seeds"])) < 2 or fb - fa <= max(sa, sb):
             unclear.append(m)
-    baselines = [m for m, s in summary.items() if m != "adaptive" and s["curve"]]
-    missing = [m for m in METHODS if m != "adaptive" and m not in baselines]
+    finished = [m for m, s in summary.items() if m != "adaptive" and s["curve"]]
+    missing = [m for m in wanted if m not in finished]
     out.append(f"2. lower mean FD at the budget than every baseline, by more than the seed spread: "
                f"{'no' if worse or unclear or missing else 'yes'} (adaptive {fa:.3f} +- {sa:.3f}"
                + (f"; not lower than {', '.join(worse)}" if worse else "")
@@ -358,22 +406,50 @@ def write_plot(summary: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def select_tuned(summary: dict, budget: int) -> dict | None:
+    """PROTOCOL.md's uniform-tuned: the grid point with the lowest FD at the budget; FDs within TIE (relative) of the
+    best are a tie, won by the earliest transition (first evaluation at FD <= TRANSITION_FD), then the lower FD."""
+    finished = {m: s for m, s in summary.items() if m in grid_variants() and s["curve"]
+                and s["curve"][-1]["equiv_step"] == budget}
+    if len(finished) < len(grid_variants()):
+        return None
+    best = min(s["curve"][-1]["mean"] for s in finished.values())
+
+    def transition(s):
+        return next((p["equiv_step"] for p in s["curve"] if p["mean"] <= TRANSITION_FD), math.inf)
+
+    tied = [m for m, s in finished.items() if s["curve"][-1]["mean"] <= best * (1 + TIE)]
+    name = min(tied, key=lambda m: (transition(finished[m]), finished[m]["curve"][-1]["mean"]))
+    flags = grid_variants()[name]
+    return {"name": name, "learning_rate": float(flags[1]), "adam_beta2": float(flags[3]),
+            "fd_at_budget": finished[name]["curve"][-1]["mean"], "tied": sorted(tied),
+            "rule": f"lowest FD at the budget; within {TIE:.0%} a tie, won by the first evaluation at FD <= {TRANSITION_FD:g}"}
+
+
 def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
     quick = " - QUICK SMOKE TEST on generated data, numbers mean nothing" if meta.get("quick") else ""
-    lines = [f"# Timestep methods at equal cost - CPU proxy protocol ({meta['date']}){quick}", "",
+    ref = meta.get("reference", "uniform")
+    kind = {"tune": "uniform-tuned grid (development seed 0)", "claim": "CLAIM table (frozen method, claim seeds)",
+            "dev": "development table"}[meta.get("table", "dev")]
+    lines = [f"# Timestep methods at equal cost - CPU proxy protocol, {meta.get('preset', 'cpu-tiny16')} - {kind} "
+             f"({meta['date']}){quick}", "",
              "CPU proxy FD (not FID) of the EMA model, 1,000 images, 50-step DDPM ancestral sampling, "
-             f"`cpu-tiny16`, budget {budget} uniform-equivalent steps; mean +- std over the finished training seeds "
-             f"(of {', '.join(map(str, meta['seeds']))}). Protocol: `shared/benchmark/PROTOCOL.md`. "
-             f"Raw numbers: `results.json`; plot: `fd_vs_time.png`.", "",
+             f"`{meta.get('preset', 'cpu-tiny16')}`, budget {budget} uniform-equivalent steps; mean +- std over the "
+             f"finished training seeds (of {', '.join(map(str, meta['seeds']))}). Protocol: "
+             "`shared/benchmark/PROTOCOL.md`. Raw numbers: `results.json`; plot: `fd_vs_time.png`.", "",
              f"Command: `{meta['command']}`  ", f"Commit: `{meta['git_commit']}` (code hash `{meta['code_hash']}`), "
-             f"{meta['machine']['cpu']}, torch {meta['versions']['torch']}, diffusers {meta['versions']['diffusers']}", "",
-             "Only finished runs enter the means; runs still in progress are listed in the last column. Speed-up = "
-             "uniform's budget / the uniform-equivalent steps at which the method's mean curve reaches uniform's mean "
-             "final FD (linear interpolation between evaluation points); per seed = the same, each seed against "
-             "uniform's run with that seed.", "",
-             "| method | seeds | FD at budget | steps run | uniform-equivalent steps to uniform's final FD | speed-up | "
-             "speed-up per seed | cost ratio measured (used) | in progress |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"{meta['machine']['cpu']}, torch {meta['versions']['torch']}, diffusers {meta['versions']['diffusers']}", ""]
+    if meta.get("tuned"):
+        t = meta["tuned"]
+        lines += [f"`uniform-tuned` = uniform with lr {t['learning_rate']:g}, Adam beta2 {t['adam_beta2']:g} "
+                  f"(from `{meta.get('tuned_file', 'the tuning table')}`); min_snr and p2 use its lr.", ""]
+    lines += ["Only finished runs enter the means; runs still in progress are listed in the last column. Speed-up = "
+              f"{ref}'s budget / the uniform-equivalent steps at which the method's mean curve reaches {ref}'s mean "
+              "final FD (linear interpolation between evaluation points); per seed = the same, each seed against "
+              f"{ref}'s run with that seed.", "",
+              f"| method | seeds | FD at budget | steps run | uniform-equivalent steps to {ref}'s final FD | speed-up | "
+              "speed-up per seed | cost ratio measured (used) | in progress |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for m in sorted(summary, key=lambda k: (summary[k]["curve"][-1]["mean"] if summary[k]["curve"] else math.inf)):
         s = summary[m]
         fd = f"{s['curve'][-1]['mean']:.3f} +- {s['curve'][-1]['std']:.3f}" if s["curve"] and s["curve"][-1]["equiv_step"] == budget else "-"
@@ -386,11 +462,19 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
     points = sorted({p["equiv_step"] for s in summary.values() for p in s["curve"]})
     lines += ["", "FD at each evaluation point (uniform-equivalent steps; mean +- std):", "",
               "| method | " + " | ".join(map(str, points)) + " |", "|---|" + "---|" * len(points)]
-    for m, s in sorted(summary.items()):
+    for m, s in sorted(summary.items(), key=lambda kv: order(kv[0])):
         cells = {p["equiv_step"]: f"{p['mean']:.2f} +- {p['std']:.2f}" for p in s["curve"]}
         lines.append(f"| {m} | " + " | ".join(cells.get(p, "-") for p in points) + " |")
-    lines += ["", "The bar for `adaptive` (issue: >= 2x, best FD at the budget beyond the seed spread, <= 2% per step), "
-              "checked on this table:", "", *bar_verdict(summary)]
+    if meta.get("table") == "tune":
+        sel = meta.get("selected")
+        lines += ["", "Selection (PROTOCOL.md): " + (
+            f"**{sel['name']}** (lr {sel['learning_rate']:g}, beta2 {sel['adam_beta2']:g}, FD at the budget "
+            f"{sel['fd_at_budget']:.3f}; rule: {sel['rule']}; tied: {', '.join(sel['tied'])}) - written to "
+            "`uniform_tuned.json`." if sel else "not every grid point has finished yet.")]
+    elif "adaptive" in summary:
+        lines += ["", f"The bar for `adaptive` (issue: >= 2x against {ref}, best FD at the budget beyond the seed "
+                  "spread, <= 2% per step), checked on this table:", "",
+                  *bar_verdict(summary, baselines=meta.get("baselines"), reference=ref)]
     if meta.get("excluded"):
         lines += ["", "Left out (measured with other code): " + ", ".join(meta["excluded"])]
     path.write_text("\n".join(lines) + "\n")
@@ -400,9 +484,23 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--methods", nargs="+", default=None,
+                   help=f"methods or variants (default: every method; with --tuned uniform-tuned replaces uniform): "
+                        f"{', '.join(METHODS)}, uniform-tuned, the grid's uniform_lr<lr>_b2-<beta2>")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--protocol", choices=["16", "32"], default="16",
+                   help="16: cpu-tiny16, budget 2000; 32: cpu-tiny, budget B from --calibration (PROTOCOL.md)")
+    p.add_argument("--tune_uniform", action="store_true",
+                   help="run PROTOCOL.md's lr x beta2 grid for uniform on development seed 0 and select uniform-tuned")
+    p.add_argument("--calibrate", action="store_true",
+                   help="32 px calibration: uniform-tuned on seed 0 for 6000 steps, evaluated every 500 -> budget B")
+    p.add_argument("--tuned", type=Path, default=None, help="uniform_tuned.json of a --tune_uniform table")
+    p.add_argument("--calibration", type=Path, default=None, help="calibration.json of a --calibrate run (32 px)")
+    p.add_argument("--reference", default=None, help="the baseline speed-ups are against (default uniform-tuned "
+                                                     "with --tuned, else uniform)")
+    p.add_argument("--claim", action="store_true", help="a claim table: training seeds 10-12 on a committed, "
+                                                        "clean tree (the frozen method); refused otherwise")
     p.add_argument("--data", type=Path, default=PROTOCOL_DATA)
     p.add_argument("--feature_extractor", type=Path, default=PROTOCOL_FEATURES)
     p.add_argument("--out", type=Path, default=None, help="report folder (default docs/benchmarks/methods/<date>)")
@@ -412,7 +510,7 @@ def parse_args(argv=None):
     p.add_argument("--mode", choices=["steps", "wallclock"], default="steps",
                    help="steps: equal cost via measured cost ratios (noisy machines); wallclock: --max_train_minutes")
     p.add_argument("--budget_minutes", type=float, default=20.0, help="wallclock mode: minutes per run")
-    p.add_argument("--budget_steps", type=int, default=BUDGET)
+    p.add_argument("--budget_steps", type=int, default=None, help="default 2000 (16 px) or B (32 px)")
     p.add_argument("--checkpointing_steps", type=int, default=250)
     p.add_argument("--cost_blocks", type=int, default=5)
     p.add_argument("--cost_block_steps", type=int, default=20, help="steps per block (kim2025: 40, its update period)")
@@ -453,7 +551,7 @@ def quick_setup(args) -> None:
     args.out = args.out or work / "report"
     args.budget_steps = 8
     args.seeds = args.seeds if args.seeds != [0, 1, 2] else [0]
-    args.methods = args.methods if args.methods != list(METHODS) else ["uniform", "adaptive"]
+    args.methods = args.methods or ["uniform", "adaptive"]
     args.cost_blocks, args.cost_block_steps = 2, 2
     args.checkpointing_steps = 4
     args.extra = ["--train_batch_size", "16", "--eval_num_images", "32", "--eval_ref_num_images", "64",
@@ -461,39 +559,155 @@ def quick_setup(args) -> None:
                   "--lr_warmup_steps", "2", "--logging_steps", "2", *args.extra]
 
 
+def calibration_budget(curve: list[tuple[int, float]]) -> int:
+    """PROTOCOL.md 32 px: the first evaluation step whose FD is within 15% of the last one's, rounded up to a
+    multiple of 1,000."""
+    final = curve[-1][1]
+    first = next(step for step, fd in curve if fd <= 1.15 * final)
+    return int(math.ceil(first / 1000) * 1000)
+
+
+def recheck_points(tuned: dict) -> list[str]:
+    """The 2 grid points uniform-tuned is re-checked against at 32 px: its neighbours in lr (same beta2)."""
+    lrs = list(TUNING_GRID["learning_rate"])
+    i = lrs.index(tuned["learning_rate"])
+    near = sorted((j for j in range(len(lrs)) if j != i), key=lambda j: (abs(j - i), j))[:2]
+    return [grid_name(lrs[j], tuned["adam_beta2"]) for j in sorted(near)]
+
+
+def write_calibration(summary: dict, pl, args, out: Path) -> dict | None:
+    """32 px calibration. First invocation: uniform-tuned's 6,000-step curve -> calibration.json with the budget B.
+    With --calibration: uniform-tuned's FD at B (from that curve) against its 2 re-check neighbours' -> the 32 px
+    uniform_tuned.json (the same selection rule as the 16 px grid)."""
+    if not args.calibration:
+        s = summary.get("uniform-tuned")
+        if not s or not s["curve"] or s["curve"][-1]["equiv_step"] != CALIBRATION_STEPS:
+            return None
+        curve = [(p["equiv_step"], p["mean"]) for p in s["curve"]]
+        result = {"budget": calibration_budget(curve), "curve": curve, "uniform_tuned_16px": pl.tuned,
+                  "rule": "first evaluation within 15% of the 6,000-step FD, rounded up to a multiple of 1,000"}
+        (out / "calibration.json").write_text(json.dumps(result, indent=1))
+        return result
+    cal = json.loads(args.calibration.read_text())
+    B = cal["budget"]
+    fds = {grid_name(pl.tuned["learning_rate"], pl.tuned["adam_beta2"]): dict(cal["curve"])[B]}
+    for m in pl.methods:
+        s = summary.get(m)
+        if not s or not s["curve"] or s["curve"][-1]["equiv_step"] != B:
+            return None
+        fds[m] = s["curve"][-1]["mean"]
+    best = min(fds.values())
+    tied = [m for m, v in fds.items() if v <= best * (1 + TIE)]
+    name = next(iter(fds)) if next(iter(fds)) in tied else min(tied, key=fds.get)  # a tie keeps the 16 px choice
+    flags = grid_variants()[name]
+    result = {"name": name, "learning_rate": float(flags[1]), "adam_beta2": float(flags[3]), "fd_at_budget": fds[name],
+              "fd_at_budget_by_point": fds, "tied": sorted(tied), "budget": B,
+              "rule": f"lowest FD at B among the 16 px choice and its 2 lr neighbours; within {TIE:.0%} the 16 px choice stays"}
+    (out / "uniform_tuned.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+class Plan(argparse.Namespace):
+    """What one invocation runs: table kind, preset, methods, seeds, budget, evaluation points, reference."""
+
+
+def make_plan(args) -> Plan:
+    """Resolve the invocation's table from its flags (ConfigError-style messages as ValueError)."""
+    pl = Plan(table="dev", preset="cpu-tiny16", tuned=None, reference=args.reference, baselines=None)
+    if args.tuned:
+        pl.tuned = json.loads(args.tuned.read_text())
+    calibration = json.loads(args.calibration.read_text()) if args.calibration else None
+    if args.protocol == "32":
+        pl.preset = "cpu-tiny"
+    seeds, methods = list(args.seeds), args.methods
+    if args.tune_uniform:
+        pl.table, methods, seeds = "tune", methods or list(grid_variants()), [TUNING_SEED]
+        pl.reference = pl.reference or grid_name(2e-3, 0.999)
+    elif args.calibrate:
+        if args.protocol != "32" or not pl.tuned:
+            raise ValueError("--calibrate needs --protocol 32 and --tuned (the 16 px uniform_tuned.json)")
+        pl.table, seeds = "calibrate", [TUNING_SEED]
+        # first the 6,000-step run; once B is known (--calibration), uniform-tuned's lr against its 2 neighbours
+        methods = recheck_points(pl.tuned) if calibration else ["uniform-tuned"]
+        pl.reference = pl.reference or (methods[0] if calibration else "uniform-tuned")
+    elif methods is None:
+        methods = [m for m in METHODS if not (pl.tuned and m == "uniform")]
+        methods = (["uniform-tuned"] if pl.tuned else []) + methods
+    known = variants(pl.tuned)
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise ValueError(f"unknown method {', '.join(unknown)} (give --tuned for uniform-tuned)")
+    if args.claim:
+        pl.table = "claim"
+    claim_seeds = sorted(set(seeds) & set(CLAIM_SEEDS))
+    if claim_seeds and not args.claim:
+        raise ValueError(f"training seeds {claim_seeds} are the protocol's claim seeds: only a --claim table may use them")
+    if args.claim and (set(seeds) != set(CLAIM_SEEDS) or git("status", "--porcelain", "--untracked-files=no")):
+        raise ValueError(f"--claim runs seeds {list(CLAIM_SEEDS)} on a committed, clean tree (the frozen method)")
+    pl.reference = pl.reference or ("uniform-tuned" if pl.tuned else "uniform")
+    if pl.table in ("dev", "claim"):
+        pl.baselines = [m for m in methods if m != "adaptive"]
+    pl.methods, pl.seeds = methods, seeds
+    if pl.table == "calibrate" and not calibration:
+        pl.budget, pl.points = CALIBRATION_STEPS, tuple(range(500, CALIBRATION_STEPS + 1, 500))
+    elif args.protocol == "32":
+        if not calibration:
+            raise ValueError("--protocol 32 needs --calibration (the calibration.json of a --calibrate run)")
+        B = calibration["budget"]
+        pl.budget = args.budget_steps or B
+        pl.points = tuple(sorted({B // 4, B // 2, 5 * B // 8, 3 * B // 4, 7 * B // 8, B}))
+    else:
+        pl.budget = args.budget_steps or BUDGET
+        pl.points = tuple(p for p in EVAL_POINTS if p <= pl.budget)
+    if args.quick:
+        pl.points = (4, 8)
+    return pl
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.quick:
         quick_setup(args)
     args.work = args.work or ROOT / "benchmarks" / "_work" / "methods"
-    for path, what in ((args.data, "--data"), (args.feature_extractor, "--feature_extractor")):
-        if not Path(path).exists():
+    for path, what in ((args.data, "--data"), (args.feature_extractor, "--feature_extractor"), (args.tuned, "--tuned"),
+                       (args.calibration, "--calibration")):
+        if path is not None and not Path(path).exists():
             print(f"compare_methods.py: error: {what} {path} does not exist", file=sys.stderr)
             return 2
+    try:
+        pl = make_plan(args)
+    except ValueError as e:
+        print(f"compare_methods.py: error: {e}", file=sys.stderr)
+        return 2
+    args.tuned_file, args.tuned, args.preset = args.tuned, pl.tuned, pl.preset
     date = dt.date.today().isoformat()
     out = args.out or ROOT / "docs" / "benchmarks" / "methods" / date
     out.mkdir(parents=True, exist_ok=True)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     log = lambda m: print(f"[{dt.datetime.now():%H:%M:%S}] {m}", flush=True)  # noqa: E731
-    points = tuple(p for p in EVAL_POINTS if p <= args.budget_steps) if not args.quick else (4, 8)
+    known = variants(pl.tuned)
+    base = {m: known[m][0] for m in pl.methods}  # the method whose cost ratio a variant uses
     results_file = out / "results.json"
     previous = json.loads(results_file.read_text()) if results_file.exists() else {}
     this_hash = code_hash()
 
-    # 1. Cost ratios (measured once per table unless given).
+    # 1. Cost ratios (measured once per table unless given; variants use their method's).
     costs_file = out / "costs.json"  # written as soon as measured, so that a restarted benchmark reuses them
     costs = previous.get("costs") if previous.get("code_hash") == this_hash else None
     if costs is None and costs_file.exists() and json.loads(costs_file.read_text()).get("code_hash") == this_hash:
         costs = json.loads(costs_file.read_text())["costs"]
     if args.costs:
         costs = json.loads(args.costs.read_text())["costs"]
-    costs, missing = costs_to_measure(costs, args.methods, args.remeasure)
+    if set(base.values()) == {"uniform"}:  # only uniform's variants (the grid): the same step, nothing to measure
+        costs = {"uniform": {"cost_ratio": 1.0, "block_ratios": [1.0], "note": "the reference itself"}, **(costs or {})}
+    costs, missing = costs_to_measure(costs, sorted(set(base.values()), key=order), args.remeasure)
     if not args.report_only and missing:
-        measure = sorted(set(missing) | {"uniform"}, key=list(METHODS).index)  # each ratio is against uniform
+        measure = sorted(set(missing) | {"uniform"}, key=order)  # each ratio is against uniform
         log(f"measuring cost ratios of {', '.join(measure)} ({args.cost_blocks} interleaved blocks of {args.cost_block_steps} steps)")
         fresh = measure_costs(measure, args.data, args.cost_block_steps, args.cost_blocks,
-                              warmup=max(2, args.cost_block_steps // 2), threads=args.threads, extra=args.extra)
+                              warmup=max(2, args.cost_block_steps // 2), threads=args.threads, extra=args.extra,
+                              preset=pl.preset)
         costs = {**costs, **{m: fresh[m] for m in missing}}  # ratios already measured are kept as they are
         log("cost ratios: " + ", ".join(f"{m} {c['cost_ratio']:.3f}" for m, c in costs.items()))
         costs_file.write_text(json.dumps({"code_hash": this_hash, "git_commit": git("rev-parse", "HEAD"),
@@ -502,10 +716,10 @@ def main(argv=None) -> int:
 
     # 2. Training runs (skipped when finished; resumed when partial).
     jobs = []
-    for seed in args.seeds:  # seed-major: a complete one-seed table first, then two seeds, ...
-        for m in args.methods:
-            ratio = used_ratio(costs.get(m, {}))
-            steps, evals = plan(m, ratio, args.budget_steps, points)
+    for seed in pl.seeds:  # seed-major: a complete one-seed table first, then two seeds, ...
+        for m in pl.methods:
+            ratio = used_ratio(costs.get(base[m], {}))
+            steps, evals = plan(m, ratio, pl.budget, pl.points)
             d = run_dir(work, m, seed)
             done = read_run(d)
             if {e["step"] for e in done["evals"]} >= set(evals):
@@ -528,17 +742,17 @@ def main(argv=None) -> int:
     excluded = [f"{r['method']}/seed{r['seed']} ({r.get('git_commit', '?')[:8]})" for r in previous.get("rows", [])
                 if r.get("code_hash") != this_hash]
     commit = git("rev-parse", "HEAD")
-    for m in args.methods:
-        ratio = costs.get(m, {}).get("cost_ratio", 1.0)
-        steps, evals = plan(m, used_ratio(costs.get(m, {})), args.budget_steps, points)
-        for seed in args.seeds:
+    for m in pl.methods:
+        ratio = costs.get(base[m], {}).get("cost_ratio", 1.0)
+        steps, evals = plan(m, used_ratio(costs.get(base[m], {})), pl.budget, pl.points)
+        for seed in pl.seeds:
             d = run_dir(work, m, seed)
             r = read_run(d)
             if not r["evals"]:
                 continue
             info = json.loads((d / "run_info.json").read_text()) if (d / "run_info.json").exists() else {}
             prov = json.loads((d / "provenance.json").read_text()) if (d / "provenance.json").exists() else {}
-            rows[(m, seed)] = {"method": m, "seed": seed, "cost_ratio": ratio, "cost_ratio_used": used_ratio(costs.get(m, {})),
+            rows[(m, seed)] = {"method": m, "seed": seed, "cost_ratio": ratio, "cost_ratio_used": used_ratio(costs.get(base[m], {})),
                                "planned_steps": steps, "eval_steps": evals, **r,
                                "git_commit": prov.get("git_commit", commit), "code_hash": prov.get("code_hash", this_hash),
                                "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
@@ -548,16 +762,24 @@ def main(argv=None) -> int:
         if r["code_hash"] != this_hash:
             excluded.append(f"{r['method']}/seed{r['seed']} ({r['git_commit'][:8]})")
             del rows[key]
-    row_list = sorted(rows.values(), key=lambda r: (list(METHODS).index(r["method"]), r["seed"]))
-    summary = aggregate(row_list, args.budget_steps, points)
+    row_list = sorted(rows.values(), key=lambda r: (order(r["method"]), r["seed"]))
+    summary = aggregate(row_list, pl.budget, pl.points, pl.reference)
     meta = {"date": date, "command": " ".join(["python", "benchmarks/compare_methods.py", *(argv or sys.argv[1:])]),
             "git_commit": commit, "code_hash": this_hash, "machine": machine(), "versions": versions(),
-            "seeds": sorted({r["seed"] for r in row_list}), "mode": args.mode, "budget_steps": args.budget_steps,
+            "seeds": sorted({r["seed"] for r in row_list}), "mode": args.mode, "budget_steps": pl.budget,
+            "eval_points": list(pl.points), "preset": pl.preset, "table": pl.table, "reference": pl.reference,
+            "baselines": pl.baselines, "tuned": pl.tuned, "tuned_file": str(args.tuned_file) if args.tuned_file else None,
             "excluded": excluded, "protocol": "shared/benchmark/PROTOCOL.md", "quick": args.quick}
+    if pl.table == "tune":
+        meta["selected"] = select_tuned(summary, pl.budget)
+        if meta["selected"]:
+            (out / "uniform_tuned.json").write_text(json.dumps(meta["selected"], indent=1))
+    if pl.table == "calibrate":
+        meta["calibration"] = write_calibration(summary, pl, args, out)
     results_file.write_text(json.dumps({**meta, "costs": costs, "rows": row_list, "summary": summary}, indent=1))
     if summary:
-        write_plot(summary, out / "fd_vs_time.png", f"CPU proxy FD vs cost - {date} - seeds {meta['seeds']}")
-        write_readme(summary, meta, out / "README.md", args.budget_steps)
+        write_plot(summary, out / "fd_vs_time.png", f"CPU proxy FD vs cost - {pl.preset} - {date} - seeds {meta['seeds']}")
+        write_readme(summary, meta, out / "README.md", pl.budget)
     log(f"report: {out}")
     return 0
 

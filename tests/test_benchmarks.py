@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(__import__("conftest").ROOT / "benchmarks"))
-from compare_methods import aggregate, bar_verdict, costs_to_measure, interpolate_crossing, plan, used_ratio  # noqa: E402
+from compare_methods import (aggregate, bar_verdict, calibration_budget, costs_to_measure, grid_name,  # noqa: E402
+                             grid_variants, interpolate_crossing, make_plan, parse_args, plan, recheck_points,
+                             select_tuned, used_ratio)
 
 
 def test_crossing_is_interpolated_between_evaluation_points():
@@ -64,11 +66,56 @@ def test_unfinished_runs_stay_out_of_the_means_and_the_bar_is_checked_honestly()
     assert summ["adaptive"]["curve"][0]["mean"] == pytest.approx(3.05)  # the unfinished seed's 99 is not in it
     assert summ["adaptive"]["speedup_by_seed"] == {0: pytest.approx(2.0), 1: pytest.approx(2.0)}
     verdict = bar_verdict(summ)
-    assert verdict[0].startswith("1. speed-up >= 2x: yes")
+    assert verdict[0].startswith("1. speed-up >= 2x against uniform: yes")
     # p2 has one seed: its gap to adaptive cannot be judged against a spread; unfinished baselines are named
     assert verdict[1].startswith("2. lower mean FD") and ": no (" in verdict[1] and "p2" in verdict[1] and "kim2025" in verdict[1]
     rows[-1:] = [curve_row("p2", s, {1000: 5.0, 2000: 1.5}) for s in (0, 1)]
     assert "not lower than p2 1.500" in bar_verdict(aggregate(rows, 2000, (1000, 2000)))[1]
+
+
+def test_uniform_tuned_is_the_grid_point_with_the_lowest_fd_at_the_budget_ties_to_the_earlier_transition():
+    final = {n: 3.0 for n in grid_variants()}
+    final[grid_name(4e-3, 0.99)] = 2.50
+    final[grid_name(8e-3, 0.99)] = 2.51  # within 1%: a tie, and its transition is earlier
+    early = {grid_name(8e-3, 0.99)}
+    rows = [curve_row(n, 0, {1000: 4.0 if n in early else 9.0, 2000: fd}) for n, fd in final.items()]
+    summ = aggregate(rows, 2000, (1000, 2000), reference=grid_name(2e-3, 0.999))
+    sel = select_tuned(summ, 2000)
+    assert sel["name"] == grid_name(8e-3, 0.99) and sel["learning_rate"] == 8e-3 and sel["adam_beta2"] == 0.99
+    assert sel["tied"] == sorted([grid_name(4e-3, 0.99), grid_name(8e-3, 0.99)])
+    final[grid_name(8e-3, 0.99)] = 2.60  # no longer a tie: the lowest FD wins whatever its transition
+    rows = [curve_row(n, 0, {1000: 4.0 if n in early else 9.0, 2000: fd}) for n, fd in final.items()]
+    assert select_tuned(aggregate(rows, 2000, (1000, 2000)), 2000)["name"] == grid_name(4e-3, 0.99)
+    # an unfinished grid selects nothing
+    assert select_tuned(aggregate(rows[:-1], 2000, (1000, 2000)), 2000) is None
+
+
+def test_32px_budget_and_recheck_points_follow_the_protocol():
+    curve = [(500 * i, fd) for i, fd in enumerate([11, 10, 9, 6, 4, 3.4, 3.2, 3.1, 3.0, 2.95, 2.9, 2.85], start=1)]
+    # 1.15 x 2.85 = 3.28: first reached at 3,500 steps -> B = 4,000
+    assert calibration_budget(curve) == 4000
+    assert recheck_points({"learning_rate": 2e-3, "adam_beta2": 0.99}) == [grid_name(1e-3, 0.99), grid_name(4e-3, 0.99)]
+    assert recheck_points({"learning_rate": 8e-3, "adam_beta2": 0.999}) == [grid_name(2e-3, 0.999), grid_name(4e-3, 0.999)]
+
+
+def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
+    with pytest.raises(ValueError, match="claim seeds"):
+        make_plan(parse_args(["--seeds", "0", "10"]))
+    with pytest.raises(ValueError, match="seeds \\[10, 11, 12\\]"):
+        make_plan(parse_args(["--claim", "--seeds", "10", "11"]))
+    tuned = tmp_path / "t.json"
+    tuned.write_text(json.dumps({"learning_rate": 4e-3, "adam_beta2": 0.99}))
+    pl = make_plan(parse_args(["--tuned", str(tuned), "--seeds", "0"]))
+    assert pl.reference == "uniform-tuned" and pl.methods[0] == "uniform-tuned" and "uniform" not in pl.methods
+    assert pl.budget == 2000 and pl.preset == "cpu-tiny16"
+    with pytest.raises(ValueError, match="--calibration"):
+        make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32"]))
+    cal = tmp_path / "c.json"
+    cal.write_text(json.dumps({"budget": 4000}))
+    pl = make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32", "--calibration", str(cal)]))
+    assert pl.preset == "cpu-tiny" and pl.points == (1000, 2000, 2500, 3000, 3500, 4000)
+    tune = make_plan(parse_args(["--tune_uniform"]))
+    assert tune.seeds == [0] and len(tune.methods) == 8 and tune.reference == grid_name(2e-3, 0.999)
 
 
 @pytest.mark.slow
