@@ -81,7 +81,7 @@ class TrainConfig:
     adaptive_stratified: bool = True  # adaptive: stratified (low-discrepancy) draws over the global batch
     adaptive_normalize: str = "unit"  # adaptive: unit = expected weighted loss 1 (stationary gradient scale) | mean
     adaptive_proposal: str = "loss"  # adaptive: p ~ lambda x loss RMS (loss) | x sqrt(mean loss) (grad) | uniform
-    adaptive_loss_scale: float = 0.3  # adaptive: expected weighted loss under unit normalisation (sets whether --max_grad_norm clips)
+    adaptive_loss_scale: typing.Optional[float] = None  # adaptive: fixed loss scale s (ablations); None = the clip-anchored rule s = max_grad_norm / peak smoothed gradient norm per unit scale
 
     # --- optimisation ---
     train_batch_size: int = 128  # images per device per micro-step
@@ -351,6 +351,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("give --max_train_steps or --num_epochs")
     if cfg.max_train_minutes is not None and cfg.max_train_minutes <= 0:
         raise ConfigError(f"--max_train_minutes must be > 0 (got {cfg.max_train_minutes})")
+    if cfg.max_grad_norm < 0:
+        raise ConfigError(f"--max_grad_norm must be >= 0 (got {cfg.max_grad_norm})")
     if cfg.learning_rate <= 0:
         raise ConfigError(f"--learning_rate must be > 0 (got {cfg.learning_rate})")
     if not 0.0 <= cfg.dropout < 1.0:
@@ -369,7 +371,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--ema_snapshot_steps must be >= 1")
     if any(not 0.0 < s < 0.289 for s in cfg.ema_snapshots):
         raise ConfigError("--ema_snapshots values are sigma_rel in (0, 0.289) (EDM2 uses 0.05 0.10)")
-    if not cfg.adaptive_loss_scale > 0:
+    if cfg.adaptive_loss_scale is not None and not cfg.adaptive_loss_scale > 0:
         raise ConfigError("--adaptive_loss_scale must be > 0")
     if cfg.adaptive_bins < 1 or cfg.ddpm_num_steps % cfg.adaptive_bins:
         raise ConfigError(f"--adaptive_bins {cfg.adaptive_bins} must divide --ddpm_num_steps {cfg.ddpm_num_steps}")

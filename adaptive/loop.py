@@ -469,7 +469,8 @@ def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
 
     # Optimizer step, LR schedule, EMA, timestep-sampler update.
     sampler.before_optimizer_step(run.hook_ctx)
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None
+    # pre-clip global norm (identical on every rank); without clipping the same call only measures it (x 1.0)
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
     run.optimizer.step()
     run.lr_scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
@@ -481,7 +482,7 @@ def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
     losses = torch.cat(local_losses)
     if sampler.needs_losses:
         sampler.update(*gather_for_sampler(accelerator, layout, losses, torch.cat(local_t),
-                                           None if sampler.conditional else t_all))
+                                           None if sampler.conditional else t_all), grad_norm=grad_norm)
     return losses, grad_norm
 
 

@@ -278,3 +278,72 @@ def test_adaptive_anneal_fraction_reaches_the_final_balance_early_and_stays():
         betas.append(sampler.beta)
     assert betas == pytest.approx([0.5, 0.25, 0.0, 0.0, 0.0])
     assert "over 0.5 of the run" in sampler.describe()["objective"]
+
+
+def drive_scale_rule(sampler, unit_norms, seed: int = 0):
+    """Feed the loop's quantities: the step's gradient norm is s (the scale the step was trained with) x the unit-scale
+    norm the model would give; returns the norms the loop logged, the scale after each step and the rule's own
+    smoothed norm s x gbar after each step."""
+    g, logged, scales, smoothed = torch.Generator().manual_seed(seed), [], [], []
+    for step, u in enumerate(unit_norms):
+        t, _ = sampler.sample(256, "cpu", torch.Generator().manual_seed(1000 + step))
+        norm = (sampler.scale if sampler.updates >= sampler.warmup else torch.tensor(1.0)) * u
+        logged.append(float(norm))
+        sampler.update(t, synthetic_loss(t, g), grad_norm=torch.tensor(float(norm)))
+        scales.append(float(sampler.scale))
+        smoothed.append(float(sampler.scale * sampler.unit_norm))
+    return logged, scales, smoothed
+
+
+def rising_then_falling(n: int = 300, peak: float = 3.0, seed: int = 1) -> list[float]:
+    """A unit-scale gradient norm like cpu-tiny16's: rises to a peak, then decays, with step-to-step noise."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.linspace(0, 1, n)
+    curve = 0.5 + (peak - 0.5) * torch.exp(-((x - 0.3) / 0.15) ** 2).where(x < 0.3, torch.exp(-(x - 0.3) / 0.4))
+    return (curve * (1 + 0.1 * torch.randn(n, generator=g))).tolist()
+
+
+def test_adaptive_clip_anchored_scale_puts_the_smoothed_gradient_norm_peak_at_the_clip_threshold():
+    """The rule (docs/adaptive.md): s = max_grad_norm / max_k gbar_k. After the warm-up the smoothed norm never exceeds
+    the threshold and touches it at the peak; past the peak the logged norm falls with the model's gradient, below
+    the threshold; s never increases."""
+    sampler = make("adaptive", adaptive_warmup_steps=10, max_grad_norm=1.0)[0]
+    unit = rising_then_falling()
+    logged, scales, smoothed = drive_scale_rule(sampler, unit)
+    assert max(smoothed[10:]) == pytest.approx(1.0, abs=1e-6) and all(x <= 1.0 + 1e-6 for x in smoothed[10:])
+    past_peak = torch.tensor(logged[int(0.3 * len(unit)) + 30:])
+    assert past_peak.mean() < 1.0 and past_peak[-30:].mean() < 0.6  # decays with the gradient, rarely clipped
+    assert all(b <= a + 1e-7 for a, b in zip(scales[11:], scales[12:]))  # s only ever decreases
+    assert float(sampler.scale) == pytest.approx(1.0 / float(sampler.unit_norm_peak))
+    assert sampler.diagnostics()["loss_scale"] == sampler.scale
+
+
+def test_adaptive_loss_scale_rule_has_no_constant_tied_to_the_model():
+    """A model whose gradients are 10x larger gets a 10x smaller scale and the very same logged norms (so the same
+    clipping); the threshold sets the level: max_grad_norm 0.5 halves every norm; without clipping c = 1."""
+    unit = rising_then_falling()
+    base = drive_scale_rule(make("adaptive", adaptive_warmup_steps=10)[0], unit)
+    big_model = make("adaptive", adaptive_warmup_steps=10)[0]
+    big = drive_scale_rule(big_model, [10 * u for u in unit])
+    assert big[0][11:] == pytest.approx(base[0][11:], rel=1e-5)  # step 10 is the first at the initial scale
+    assert big[1][-1] == pytest.approx(base[1][-1] / 10, rel=1e-5)
+    half = drive_scale_rule(make("adaptive", adaptive_warmup_steps=10, max_grad_norm=0.5)[0], unit)
+    assert half[0][11:] == pytest.approx([0.5 * x for x in base[0][11:]], rel=1e-5)
+    free = drive_scale_rule(make("adaptive", adaptive_warmup_steps=10, max_grad_norm=0.0)[0], unit)
+    assert free[1] == pytest.approx(base[1], rel=1e-6)
+
+
+def test_adaptive_loss_scale_rule_skips_non_finite_norms_and_round_trips():
+    sampler = make("adaptive", adaptive_warmup_steps=2)[0]
+    drive_scale_rule(sampler, [1.0, 1.0, 2.0, 3.0])
+    before = float(sampler.scale)
+    t, _ = sampler.sample(64, "cpu", torch.Generator().manual_seed(0))
+    for bad in (math.inf, math.nan):
+        sampler.update(t, torch.ones(64), grad_norm=torch.tensor(bad))
+        assert float(sampler.scale) == before and torch.isfinite(sampler.unit_norm_peak)
+    clone = make("adaptive", adaptive_warmup_steps=2)[0]
+    clone.load_state_dict(sampler.state_dict())
+    assert torch.equal(clone.weight_of(torch.arange(T)), sampler.weight_of(torch.arange(T)))
+    fixed = make("adaptive", adaptive_warmup_steps=2, adaptive_loss_scale=0.3)[0]
+    drive_scale_rule(fixed, [1.0, 1.0, 2.0, 30.0])
+    assert float(fixed.scale) == pytest.approx(0.3)  # a fixed scale ignores the norms

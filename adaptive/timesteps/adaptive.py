@@ -5,6 +5,10 @@ Statistics (from the per-sample losses gathered from all ranks, identical on eve
 Objective (explicit, see docs/adaptive.md):
   lambda_b = m1_b^-beta / mean_b'(m1_b'^-beta)          (beta = --adaptive_balance; 0 = the configured objective)
   J = (1/T) sum_t lambda_b(t) E[L_t]                     at its fixed point every bin contributes ~equally (beta = 1)
+Loss scale (the only thing Adam is not invariant to, through --max_grad_norm; derivation in docs/adaptive.md):
+  the weighted loss is s times the unit-normalised one; s = c / max_k gbar_k, where gbar is the running mean of the
+  gradient norm per unit scale and c = --max_grad_norm (1 without clipping): the largest s under which the smoothed
+  gradient norm has never exceeded the clip threshold.
 Sampling (unbiased for J):
   q_b = lambda_b sqrt(m2_b)   (RMS of the weighted loss: a per-sample gradient-norm proxy, Katharopoulos & Fleuret 2018)
   p_b = (1 - eps) q_b / sum q + eps / B;  t = stratified inverse-CDF draw over bins, uniform within the bin
@@ -17,6 +21,8 @@ import torch
 
 from ..config import ConfigError
 from .base import TimestepSampler
+
+NORM_RATE = 0.1  # update rate of the running mean of the gradient norm per unit scale (~10-step memory)
 
 
 def balance_weights(m1: torch.Tensor, beta: float, normalize: str = "unit", floor: float = 0.0) -> torch.Tensor:
@@ -42,6 +48,12 @@ def proposal(lam: torch.Tensor, scale: torch.Tensor, uniform_mix: float) -> torc
     total = q.sum()
     q = torch.where(total > 0, q / total.clamp_min(1e-30), torch.full_like(q, 1.0 / q.numel()))
     return (1 - uniform_mix) * q + uniform_mix / q.numel()
+
+
+def clip_anchored_scale(unit_norm_peak: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
+    """Loss scale s = c / peak of the smoothed unit-scale gradient norm: the smoothed norm s*gbar never exceeds the clip
+    threshold c (Adam is invariant to s; clipping then bounds single-step outliers only; docs/adaptive.md)."""
+    return (max_grad_norm if max_grad_norm > 0 else 1.0) / unit_norm_peak.clamp_min(1e-12)
 
 
 def stratified_bins(p: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -77,12 +89,16 @@ class AdaptiveSampler(TimestepSampler):
         self.stratified = bool(get("adaptive_stratified", True))
         self.normalize = get("adaptive_normalize", "unit")
         self.proposal_kind = get("adaptive_proposal", "loss")
-        # A constant factor on lambda: Adam is invariant to it, gradient clipping is not. On cpu-tiny16 the gradient
-        # norm is ~1.5-3.5 x this scale, so with --max_grad_norm 1 the default 0.3 clips only around the gradient peak
-        # (1.0 clips every step; 0.1 never, and Adam's second moment then remembers the warm-up's larger gradients).
-        self.loss_scale = float(get("adaptive_loss_scale", 0.3))
-        if not self.loss_scale > 0:
+        # The loss scale s: Adam is invariant to it, gradient clipping is not. None = the clip-anchored rule (s from
+        # the measured gradient norm, clip_anchored_scale); a number fixes s (the hand-set constant of earlier versions).
+        fixed = get("adaptive_loss_scale", None)
+        if fixed is not None and not fixed > 0:
             raise ConfigError("--adaptive_loss_scale must be > 0")
+        self.fixed_scale = None if fixed is None else float(fixed)
+        self.max_grad_norm = float(get("max_grad_norm", 1.0))
+        self.scale = torch.ones((), device=self.device)  # s, set at the end of the warm-up (see update)
+        self.unit_norm = torch.zeros((), device=self.device)  # running mean of the gradient norm per unit scale
+        self.unit_norm_peak = torch.zeros((), device=self.device)  # its maximum so far
         self.changes_objective = self.beta0 != 0 or self.beta1 != 0
         self.m1 = torch.zeros(self.num_bins, device=self.device)  # running mean of L per bin
         self.m2 = torch.zeros(self.num_bins, device=self.device)  # running mean of L^2 per bin
@@ -108,7 +124,7 @@ class AdaptiveSampler(TimestepSampler):
                 ones = torch.ones(self.num_bins, device=self.device)
                 self._cache = (ones, ones / self.num_bins)
             else:
-                lam = self.loss_scale * balance_weights(self.m1, self.beta, self.normalize, self.floor)
+                lam = self.scale * balance_weights(self.m1, self.beta, self.normalize, self.floor)
                 self._cache = (lam, proposal(lam, self.gradient_scale(), self.uniform_mix))
         return self._cache
 
@@ -148,7 +164,7 @@ class AdaptiveSampler(TimestepSampler):
 
     # -- learning ------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def update(self, t, loss):
+    def update(self, t, loss, grad_norm=None):
         t = t.to(self.device)
         loss = loss.detach().float().to(self.device)
         loss = torch.where(torch.isfinite(loss), loss, torch.zeros_like(loss)).clamp(max=1e6)
@@ -164,10 +180,35 @@ class AdaptiveSampler(TimestepSampler):
         self.m1 += alpha * (mean1 - self.m1)
         self.m2 += alpha * (mean2 - self.m2)
         self.hits += n
+        if self.updates >= self.warmup:  # this step was trained with the normalised weights, at scale s
+            self._update_scale(grad_norm)
         if self.updates + 1 >= self.warmup:
             self._fill_unseen()
+        if self.updates + 1 == self.warmup:  # the normalised weights start: s from the configured objective's loss
+            self.scale = self._initial_scale()
         self.updates += 1
         self._cache = None
+
+    def _initial_scale(self) -> torch.Tensor:
+        """s for the first normalised step: the fixed value, or the configured objective's mean loss (the weighted
+        loss continues where the warm-up's left off; the rule takes over from the next step)."""
+        if self.fixed_scale is not None:
+            return torch.full((), self.fixed_scale, device=self.device)
+        return self.m1.mean().clamp_min(1e-12)
+
+    def _update_scale(self, grad_norm) -> None:
+        """The clip-anchored rule: gbar <- running mean of |g| / s, peak <- max(peak, gbar), s <- c / peak (on the
+        device; a non-finite norm is skipped)."""
+        if self.fixed_scale is not None or grad_norm is None:
+            return
+        g = torch.as_tensor(grad_norm, device=self.device).float() / self.scale
+        ok = torch.isfinite(g)
+        first = self.unit_norm_peak == 0
+        mean = torch.where(first, g, self.unit_norm + NORM_RATE * (g - self.unit_norm))
+        self.unit_norm = torch.where(ok, mean, self.unit_norm)
+        self.unit_norm_peak = torch.where(ok, torch.maximum(self.unit_norm_peak, self.unit_norm), self.unit_norm_peak)
+        self.scale = torch.where(self.unit_norm_peak > 0, clip_anchored_scale(self.unit_norm_peak, self.max_grad_norm),
+                                 self.scale)
 
     def _fill_unseen(self) -> None:
         """Bins never hit take the nearest seen bin's statistics (only possible early or with tiny batches)."""
@@ -183,13 +224,17 @@ class AdaptiveSampler(TimestepSampler):
 
     # -- state and diagnostics -----------------------------------------------------------------------------------
     def state_dict(self):
-        return {"m1": self.m1.clone(), "m2": self.m2.clone(), "hits": self.hits.clone(), "updates": self.updates}
+        return {"m1": self.m1.clone(), "m2": self.m2.clone(), "hits": self.hits.clone(), "updates": self.updates,
+                "scale": self.scale.clone(), "unit_norm": self.unit_norm.clone(),
+                "unit_norm_peak": self.unit_norm_peak.clone()}
 
     def load_state_dict(self, state):
         self.m1 = state["m1"].to(self.device).clone()
         self.m2 = state["m2"].to(self.device).clone()
         self.hits = state["hits"].to(self.device).clone()
         self.updates = int(state["updates"])
+        for k in ("scale", "unit_norm", "unit_norm_peak"):
+            setattr(self, k, state[k].to(self.device).clone())
         self._cache = None
 
     def effective_weights(self):
@@ -200,13 +245,15 @@ class AdaptiveSampler(TimestepSampler):
 
         d = super().diagnostics()
         d["loss_mean_by_t"] = bin_mean(self.m1.repeat_interleave(self.width))
+        d["loss_scale"] = self.scale.clone()
+        d["unit_grad_norm"] = self.unit_norm.clone()
         return d
 
     def describe(self):
         return {**super().describe(), "balance": self.beta0, "balance_final": self.beta1,
                 "anneal_fraction": self.anneal, "weight_floor": self.floor, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
                 "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
-                "loss_scale": self.loss_scale,
+                "loss_scale": "clip-anchored rule" if self.fixed_scale is None else self.fixed_scale,
                 "proposal": self.proposal_kind,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
                               f"{self.beta0:g} -> {self.beta1:g} over {self.anneal:g} of the run (online, EDM2-style balance)") if self.changes_objective else

@@ -92,8 +92,9 @@ class TimestepSampler:
         return weight * per_sample_loss
 
     # -- learning ------------------------------------------------------------------------------------------------
-    def update(self, t: torch.Tensor, loss: torch.Tensor) -> None:
-        """Learn from the global batch's timesteps [G] and per-sample objective losses [G] (same on every rank)."""
+    def update(self, t: torch.Tensor, loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None) -> None:
+        """Learn from the global batch's timesteps [G], per-sample objective losses [G] and the step's pre-clip gradient
+        norm (all the same on every rank)."""
 
     # Hooks around the optimizer step, for methods that measure the model itself (kim2025); ctx carries
     # accelerator, model (unwrapped), autocast, seed. Every rank calls them.

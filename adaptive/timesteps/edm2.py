@@ -52,7 +52,7 @@ class EDM2UncertaintySampler(TimestepSampler):
         return weight * uncertainty_loss(per_sample_loss, self.u[self.bins(t)].detach())
 
     @torch.no_grad()
-    def update(self, t, loss):
+    def update(self, t, loss, grad_norm=None):
         t = t.to(self.device)
         self.u.grad = uncertainty_grad(loss.float().to(self.device), self.bins(t), self.u)
         self.opt.step()

@@ -42,7 +42,7 @@ class IDDPMSampler(TimestepSampler):
         return self._p
 
     @torch.no_grad()
-    def update(self, t, loss):
+    def update(self, t, loss, grad_norm=None):
         """Append each (t, loss) to t's ring buffer, in batch order (later entries of the same t win)."""
         t, loss = t.to(self.device), loss.detach().float().to(self.device)
         order = torch.argsort(t, stable=True)
