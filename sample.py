@@ -72,7 +72,7 @@ def load_pipeline(model_path: str):
 
 def sampling_record(args, scheduler_config) -> dict:
     """The settings that identify a sample set (IDENTITY_KEYS first), written to sampling.json."""
-    from adaptive.sampling import sampler_label
+    from adaptive.image_sampler import image_sampler_label
 
     model = Path(args.model_path).expanduser()
     steps_t = scheduler_config["num_train_timesteps"]
@@ -81,7 +81,7 @@ def sampling_record(args, scheduler_config) -> dict:
                           f"(got {args.num_inference_steps})")
     return {"model_path": str(model.resolve()) if model.exists() else args.model_path, "scheduler": args.scheduler,
             "num_inference_steps": args.num_inference_steps, "seed_offset": args.seed_offset,
-            "sampler": sampler_label(args.scheduler), "num_train_timesteps": steps_t}
+            "sampler": image_sampler_label(args.scheduler), "num_train_timesteps": steps_t}
 
 
 def check_existing(out: Path, record: dict, overwrite: bool) -> bool:
@@ -140,7 +140,7 @@ def generate(accelerator, unet, scheduler_config, todo: list[int], args, images_
     """This rank's contiguous share of the indices `todo`, in batches, each batch written as PNGs."""
     from tqdm.auto import tqdm
 
-    from adaptive.sampling import ddpm_sample, shard
+    from adaptive.image_sampler import ddpm_sample, shard
 
     world = accelerator.num_processes
     mine, real = shard(todo, accelerator.process_index, world)
@@ -159,7 +159,7 @@ def finalize(out: Path, record: dict, npz: bool) -> dict:
     """Main process: grid of the first 64, optional samples.npz, the completed sampling.json."""
     import numpy as np
 
-    from adaptive.sampling import save_grid
+    from adaptive.image_sampler import save_grid
 
     n = record["num_images"]
     missing = [i for i in range(n) if not png_path(out / "images", i).exists()]
@@ -197,7 +197,7 @@ def run(args) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from adaptive.sampling import compile_for_sampling, make_scheduler
+    from adaptive.image_sampler import compile_for_sampling, make_scheduler
 
     pipe = load_pipeline(args.model_path)
     scheduler_config = make_scheduler(pipe.scheduler.config, "ddpm").config  # a DDPMScheduler config whatever was saved

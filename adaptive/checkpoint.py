@@ -1,10 +1,10 @@
 """Resumable checkpoints: `accelerator.save_state` into a temporary folder, a manifest, then an atomic rename.
 
 Layout of `output_dir/checkpoint-<step>/`: Accelerate's files (model.safetensors, optimizer.bin, scheduler.bin,
-scaler.pt, random_states_<rank>.pkl for EVERY rank), ours (training_state.pt: progress, timestep sampler, EMA
-counters; ema.safetensors), the run's config.json, and manifest.json (size + sha256 of every file), written last.
-A folder without a valid manifest is not a checkpoint. Nothing is loaded with pickle code execution: safetensors,
-and torch.load(weights_only=True) for the rest (Accelerate's own loader uses weights_only=True too).
+scaler.pt, random_states_<rank>.pkl for EVERY rank), ours (TrainState: training_state.pt with the progress, timestep
+sampler and EMA counters; ema.safetensors), the run's config.json, and manifest.json (size + sha256 of every file),
+written last. A folder without a valid manifest is not a checkpoint. Nothing is loaded with pickle code execution:
+safetensors, and torch.load(weights_only=True) for the rest (Accelerate's own loader uses weights_only=True too).
 """
 
 from __future__ import annotations
@@ -15,23 +15,83 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
-from .config import ConfigError
+from .config import MODEL_KEYS, ConfigError
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-MANIFEST = "manifest.json"
-STATE_FILE = "training_state.pt"
+MANIFEST = "manifest.json"  # size + sha256 of every file; written last
+STATE_FILE = "training_state.pt"  # TrainState: progress, timestep sampler, EMA counters
+EMA_FILE = "ema.safetensors"  # the EMA weights
+CONFIG_FILE = "config.json"  # the resolved config the checkpoint was trained with
+MODEL_FILE = "model.safetensors"  # Accelerate's copy of the training weights
 
-# Config keys that change the model or the objective: a checkpoint that differs in any of them is refused.
-MODEL_OBJECTIVE_KEYS = (
-    "resolution", "block_out_channels", "layers_per_block", "down_block_types", "up_block_types",
-    "attention_head_dim", "dropout", "norm_num_groups", "ddpm_num_steps", "ddpm_beta_schedule", "ddpm_beta_start",
-    "ddpm_beta_end", "prediction_type", "loss_weighting", "snr_gamma", "p2_gamma", "p2_k", "timestep_sampler",
-    "use_ema",
-)
+
+@dataclass
+class Progress:
+    """Where training is: the data position and clocks are pure functions of these."""
+
+    step: int = 0  # optimizer steps done
+    images_seen: int = 0  # global training images consumed
+    train_seconds: float = 0.0  # wall-clock spent training (evaluation and previews excluded)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "images_seen": self.images_seen, "train_seconds": self.train_seconds}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.step, self.images_seen, self.train_seconds = int(s["step"]), int(s["images_seen"]), float(s["train_seconds"])
+
+
+@dataclass
+class TrainState:
+    """Our part of a checkpoint (STATE_FILE and EMA_FILE), saved and restored by hooks registered with the Accelerator."""
+
+    progress: Progress
+    timesteps: Any  # the TimestepSampler
+    ema: Any = None  # EMA or None
+    phema: Any = None  # PowerEMAs or None
+
+    def state_dict(self) -> dict:
+        return {
+            "progress": self.progress.state_dict(),
+            "sampler": self.timesteps.state_dict(),
+            "ema_num_updates": self.ema.num_updates if self.ema else None,
+            "phema": self.phema.state_dict() if self.phema else None,
+        }
+
+    def load_state_dict(self, s: dict) -> None:
+        self.progress.load_state_dict(s["progress"])
+        self.timesteps.load_state_dict(s["sampler"])
+        if self.ema is not None:
+            self.ema.num_updates = int(s["ema_num_updates"])
+        if self.phema is not None:
+            if not s.get("phema"):
+                raise ConfigError("the checkpoint has no post-hoc EMA state; resume without --ema_snapshots")
+            self.phema.load_state_dict(s["phema"])
+
+    def save(self, folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_object_state(Path(folder) / STATE_FILE, self.state_dict())
+        if self.ema is not None:
+            sd = {k: v.detach().contiguous() for k, v in self.ema.model.state_dict().items()}
+            save_file(sd, str(Path(folder) / EMA_FILE))
+
+    def load(self, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        self.load_state_dict(load_object_state(Path(folder) / STATE_FILE))
+        if self.ema is not None:
+            self.ema.model.load_state_dict(load_file(str(Path(folder) / EMA_FILE)))
+
+    def register(self, accelerator) -> None:
+        """accelerator.save_state / load_state then carry this state (the main process writes it)."""
+        accelerator.register_save_state_pre_hook(
+            lambda models, weights, output_dir: self.save(output_dir) if accelerator.is_main_process else None)
+        accelerator.register_load_state_pre_hook(lambda models, input_dir: self.load(input_dir))
 
 
 def _sha256(path: Path) -> str:
@@ -88,7 +148,7 @@ def verify_checkpoint(folder: Path, full: bool = True) -> Optional[str]:
             return f"{name} has {p.stat().st_size} bytes, expected {meta['bytes']}"
         if full and _sha256(p) != meta["sha256"]:
             return f"{name} is corrupt (sha256 mismatch)"
-    for required in ("model.safetensors", STATE_FILE, "config.json"):
+    for required in (MODEL_FILE, STATE_FILE, CONFIG_FILE):
         if required not in files:
             return f"{required} missing from manifest"
     return None
@@ -139,7 +199,7 @@ def incompatible_keys(saved: dict, current: dict) -> list[str]:
     """Keys that change the model or the objective and differ between two config dicts."""
     def norm(v):
         return list(v) if isinstance(v, tuple) else v
-    return [k for k in MODEL_OBJECTIVE_KEYS if norm(saved.get(k)) != norm(current.get(k))]
+    return [k for k in MODEL_KEYS if norm(saved.get(k)) != norm(current.get(k))]
 
 
 def changed_keys(saved: dict, current: dict, ignore=("resume_from_checkpoint", "overwrite_output_dir")) -> list[str]:
@@ -148,7 +208,7 @@ def changed_keys(saved: dict, current: dict, ignore=("resume_from_checkpoint", "
 
 
 def read_config(folder: Path) -> dict:
-    return json.loads((Path(folder) / "config.json").read_text())
+    return json.loads((Path(folder) / CONFIG_FILE).read_text())
 
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, total_limit: Optional[int] = None) -> Path:
@@ -161,12 +221,8 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, tota
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))  # models, optimizer, scheduler, scaler, each rank's RNG, our state via hooks
     if accelerator.is_main_process:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
     accelerator.wait_for_everyone()  # every rank's files are written
-    if os.environ.get("ADAPTIVE_TEST_CHECKPOINT_PAUSE"):  # fault-injection hook for the kill tests: a wide window
-        import time  # in which the checkpoint is half written
-
-        time.sleep(float(os.environ["ADAPTIVE_TEST_CHECKPOINT_PAUSE"]))
     if accelerator.is_main_process:
         write_manifest(tmp, step)
         if final.exists():

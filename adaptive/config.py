@@ -1,8 +1,11 @@
-"""Training configuration: one dataclass, named presets as plain dicts, JSON round trip.
+"""Training configuration: one frozen dataclass in sections, named presets as plain dicts, JSON round trip.
 
 Every field is a command-line flag of `train_accelerate.py` with the same name. Flags default to None; the
 preset fills what was not given, the dataclass default fills the rest (edm2 style). The resolved config is
-written to `output_dir/config.json` and into every checkpoint.
+validated once (`validate`), written to `output_dir/config.json` and into every checkpoint, and never mutated (a
+changed value is a new config: `replace`). Each field's `# comment` is its help text; the `# --- section ---` line
+above it is its section; fields declared with `model_key(...)` change the model or the objective, so a checkpoint
+that differs in one of them is refused on resume.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import inspect
 import json
 import re
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 # Values that are never written to disk (config.json, trackers, checkpoints, model cards).
 SECRET_FIELDS = ("hub_token",)
@@ -23,7 +26,12 @@ class ConfigError(ValueError):
     """A user-facing configuration problem; reported as one line and a non-zero exit."""
 
 
-@dataclass
+def model_key(default):
+    """A field that defines the model or the objective: resuming a checkpoint that differs in it is refused."""
+    return field(default=default, metadata={"model_key": True})
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     # --- run ---
     preset: str = "ddpm-cifar10"  # named preset that fills every flag not given (see PRESETS)
@@ -37,7 +45,7 @@ class TrainConfig:
     train_data_dir: typing.Optional[str] = None  # folder or .zip of images (class subfolders allowed); wins over dataset_name
     image_column: typing.Optional[str] = None  # image column of a Hub dataset; None = 'image' or 'img', whichever exists
     cache_dir: typing.Optional[str] = None  # downloads and decoded-image caches; None = ~/.cache/adaptive-diffusion
-    resolution: int = 32  # training image size in pixels (square)
+    resolution: int = model_key(32)  # training image size in pixels (square)
     random_flip: bool = True  # random horizontal flip, made on the device per batch
     max_train_samples: typing.Optional[int] = None  # use only the first N images (debugging, quick runs)
     data_device: str = "auto"  # where the decoded uint8 images live: auto (the training device) or cpu
@@ -45,28 +53,28 @@ class TrainConfig:
     dataloader_num_workers: int = 2  # decoding workers of the streaming loader (resident data needs none)
 
     # --- model (UNet2DModel) ---
-    block_out_channels: typing.Tuple[int, ...] = (128, 256, 256, 256)  # channels per U-Net level
-    layers_per_block: int = 2  # residual blocks per level
-    down_block_types: typing.Tuple[str, ...] = ("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D")  # encoder blocks
-    up_block_types: typing.Tuple[str, ...] = ("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D")  # decoder blocks
-    attention_head_dim: typing.Optional[int] = None  # channels per attention head; None = one head per layer (DDPM)
-    dropout: float = 0.1  # dropout in the residual blocks
-    norm_num_groups: int = 32  # GroupNorm groups
+    block_out_channels: typing.Tuple[int, ...] = model_key((128, 256, 256, 256))  # channels per U-Net level
+    layers_per_block: int = model_key(2)  # residual blocks per level
+    down_block_types: typing.Tuple[str, ...] = model_key(("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"))  # encoder blocks
+    up_block_types: typing.Tuple[str, ...] = model_key(("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"))  # decoder blocks
+    attention_head_dim: typing.Optional[int] = model_key(None)  # channels per attention head; None = one head per layer (DDPM)
+    dropout: float = model_key(0.1)  # dropout in the residual blocks
+    norm_num_groups: int = model_key(32)  # GroupNorm groups
 
     # --- diffusion (DDPMScheduler) ---
-    ddpm_num_steps: int = 1000  # diffusion steps T
-    ddpm_beta_schedule: str = "linear"  # linear | scaled_linear | squaredcos_cap_v2 | sigmoid
-    ddpm_beta_start: float = 1e-4  # beta_1
-    ddpm_beta_end: float = 0.02  # beta_T
-    prediction_type: str = "epsilon"  # epsilon | sample | v_prediction
+    ddpm_num_steps: int = model_key(1000)  # diffusion steps T
+    ddpm_beta_schedule: str = model_key("linear")  # linear | scaled_linear | squaredcos_cap_v2 | sigmoid
+    ddpm_beta_start: float = model_key(1e-4)  # beta_1
+    ddpm_beta_end: float = model_key(0.02)  # beta_T
+    prediction_type: str = model_key("epsilon")  # epsilon | sample | v_prediction
     ddpm_num_inference_steps: int = 1000  # DDPM ancestral steps for the preview grids
 
     # --- objective and timestep sampling ---
-    loss_weighting: str = "none"  # objective w(t): none (L_simple) | min_snr | p2
-    snr_gamma: float = 5.0  # Min-SNR gamma (Hang et al. 2023)
-    p2_gamma: float = 1.0  # P2 exponent gamma (Choi et al. 2022)
-    p2_k: float = 1.0  # P2 offset k
-    timestep_sampler: str = "uniform"  # how t is drawn: uniform | iddpm | speed | edm2_uncertainty | kim2025 | adaptive
+    loss_weighting: str = model_key("none")  # objective w(t): none (L_simple) | min_snr | p2
+    snr_gamma: float = model_key(5.0)  # Min-SNR gamma (Hang et al. 2023)
+    p2_gamma: float = model_key(1.0)  # P2 exponent gamma (Choi et al. 2022)
+    p2_k: float = model_key(1.0)  # P2 offset k
+    timestep_sampler: str = model_key("uniform")  # how t is drawn: uniform | iddpm | speed | edm2_uncertainty | kim2025 | adaptive
     uncertainty_lr: float = 1e-2  # Adam learning rate of edm2_uncertainty's log-variances u_t
     speed_k: float = 5.0  # SpeeD: sampling weight of t < tau relative to t >= tau
     speed_lambda: float = 0.6  # SpeeD: change-aware weighting strength lambda
@@ -100,7 +108,7 @@ class TrainConfig:
     mixed_precision: typing.Optional[str] = None  # no | fp16 | bf16; None = the accelerate config's choice
 
     # --- EMA ---
-    use_ema: bool = True  # keep an exponential moving average of the weights (sampled and exported)
+    use_ema: bool = model_key(True)  # keep an exponential moving average of the weights (sampled and exported)
     ema_max_decay: float = 0.9999  # decay cap
     ema_min_decay: float = 0.0  # decay floor
     ema_warmup: str = "power"  # power: 1-(1+n/inv_gamma)^-power (Diffusers EMAModel) | ratio: (1+n)/(10+n) | none
@@ -255,6 +263,22 @@ def field_comments(cls=TrainConfig) -> dict[str, str]:
     return out
 
 
+def field_sections(cls=TrainConfig) -> dict[str, str]:
+    """The section of every dataclass field: the `# --- name ---` line above it."""
+    out, section = {}, "run"
+    for line in inspect.getsource(cls).splitlines():
+        head = re.match(r"\s+# --- (.+) ---", line)
+        if head:
+            section = head.group(1)
+        m = re.match(r"\s+(\w+): ", line)
+        if m and m.group(1) in cls.__dataclass_fields__:
+            out[m.group(1)] = section
+    return out
+
+
+MODEL_KEYS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("model_key"))
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one line on stderr and exits with status 2."""
 
@@ -330,6 +354,12 @@ def resolve_config(args: argparse.Namespace, cls=TrainConfig) -> TrainConfig:
     return cfg
 
 
+def check_bins(bins: int, num_timesteps: int) -> None:
+    """The adaptive method's timestep bins must split the T timesteps evenly."""
+    if bins < 1 or num_timesteps % bins:
+        raise ConfigError(f"--adaptive_bins {bins} must divide --ddpm_num_steps {num_timesteps}")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raises ConfigError naming the first invalid value."""
     for name, allowed in CHOICES.items():
@@ -373,8 +403,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--ema_snapshots values are sigma_rel in (0, 0.289) (EDM2 uses 0.05 0.10)")
     if cfg.adaptive_loss_scale is not None and not cfg.adaptive_loss_scale > 0:
         raise ConfigError("--adaptive_loss_scale must be > 0")
-    if cfg.adaptive_bins < 1 or cfg.ddpm_num_steps % cfg.adaptive_bins:
-        raise ConfigError(f"--adaptive_bins {cfg.adaptive_bins} must divide --ddpm_num_steps {cfg.ddpm_num_steps}")
+    check_bins(cfg.adaptive_bins, cfg.ddpm_num_steps)
     if cfg.adaptive_weight_floor < 0:
         raise ConfigError("--adaptive_weight_floor must be >= 0")
     if not 0.0 < cfg.adaptive_anneal_fraction <= 1.0:

@@ -2,7 +2,8 @@
 
 Ranks see signals and clocks at slightly different moments, so the decision is all-reduced (MAX) on a CPU (gloo)
 process group, asynchronously: the flag sent at step s is read at step s+1. Every rank therefore stops after the
-same step, without a collective or host sync on the training device.
+same step, without a collective or host sync on the training device, and agrees on why: a signal on any rank
+(preempted: checkpoint only) outranks a spent budget (finished: checkpoint and export).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class StopControl:
         self.world_size = world_size
         self.budget_seconds = budget_seconds
         self.reason: Optional[str] = None  # why this rank wants to stop
+        self.preempted = False  # the agreed kind of stop: True = a signal (on any rank), False = the budget
         self._previous = {}
         for s in signals:
             try:
@@ -30,29 +32,36 @@ class StopControl:
         self._work = None
 
     def _on_signal(self, signum, frame):
-        if signum == signal.SIGINT and self.reason and self.reason.startswith("received SIGINT"):
+        if signum == signal.SIGINT and self._signalled and self.reason.startswith("received SIGINT"):
             raise KeyboardInterrupt  # second Ctrl-C: stop now
-        self.reason = self.reason or f"received {signal.Signals(signum).name}"
+        if not self._signalled:
+            self.reason, self._signalled = f"received {signal.Signals(signum).name}", True
 
-    def local_reason(self, train_seconds: float) -> Optional[str]:
+    _signalled = False  # a signal arrived on this rank
+
+    def local_flag(self, train_seconds: float) -> float:
+        """0 = go on, 1 = this rank's budget is spent, 2 = this rank received a signal."""
         if self.reason is None and self.budget_seconds is not None and train_seconds >= self.budget_seconds:
             self.reason = f"--max_train_minutes budget of {self.budget_seconds / 60:g} min spent"
-        return self.reason
+        return 2.0 if self._signalled else 1.0 if self.reason is not None else 0.0
 
     def should_stop(self, train_seconds: float) -> bool:
-        """Call once per optimizer step on every rank; True on all ranks at the same step."""
-        local = self.local_reason(train_seconds) is not None
+        """Call once per optimizer step on every rank; True on all ranks at the same step (and `preempted` agreed)."""
+        local = self.local_flag(train_seconds)
         if self._group is None:
-            return local
-        decided = False
+            self.preempted = local == 2.0
+            return local > 0
+        decided = 0.0
         if self._work is not None:
             self._work.wait()
-            decided = bool(self._flag.item() > 0)  # CPU tensor: no device sync
-        self._flag = torch.tensor([1.0 if local else 0.0])
+            decided = self._flag.item()  # CPU tensor: no device sync
+        self._flag = torch.tensor([local])
         self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        if decided and self.reason is None:
-            self.reason = "another rank was asked to stop"
-        return decided
+        if decided > 0:
+            self.preempted = decided == 2.0
+            if self.reason is None or (self.preempted and not self._signalled):
+                self.reason = "another rank received a signal" if self.preempted else "another rank's budget is spent"
+        return decided > 0
 
     def close(self) -> None:
         """Finish the outstanding all-reduce and restore the previous signal handlers."""

@@ -381,7 +381,7 @@ class TrainData:
     def _stream(self, start_step: int) -> Iterator[list[torch.Tensor]]:
         loader = torch.utils.data.DataLoader(
             _StreamingDataset(self.entries, self.cfg.resolution),
-            batch_sampler=_ScheduleSampler(self, start_step),
+            batch_sampler=_ScheduledBatches(self, start_step),
             num_workers=self.cfg.dataloader_num_workers,
             pin_memory=self.device.type == "cuda",
             persistent_workers=False,
@@ -411,7 +411,7 @@ class _StreamingDataset(torch.utils.data.Dataset):
         return decode_image(self.entries, int(i), self.size, self.resolution)
 
 
-class _ScheduleSampler:
+class _ScheduledBatches:
     """Batch sampler yielding this rank's index lists in (step, micro) order from `start_step` on."""
 
     def __init__(self, data: TrainData, start_step: int):

@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .config import ConfigError, TrainConfig
 from .data import ImageEntries, decode_all, default_cache_dir, open_entries
 from .fid import INCEPTION, FeatureNet, clean_fid_reference, feature_stats, frechet_distance, load_stats, save_stats
-from .sampling import ddpm_sample, shard
+from .image_sampler import ddpm_sample, shard
 
 REFERENCE_SEED = 0  # the reference subset is the same for every training seed and method
 

@@ -23,16 +23,6 @@ from typing import Callable, Optional
 
 __all__ = ["resolve_token", "upload_patterns", "HubUploader"]
 
-# What a run folder publishes: the DDPMPipeline export (save_pretrained) and its model card with the images it shows.
-_PIPELINE_PATTERNS = [
-    "model_index.json",
-    "unet/*",
-    "scheduler/*",
-    "README.md",
-    "config.json",
-    "samples/*.png",
-    "timestep_p.png",
-]
 _CHECKPOINT_PATTERN = "checkpoint-*/**"
 # Never published. huggingface_hub matches with fnmatch, where `*` also crosses `/`, so "*.tmp" covers every level
 # and ".checkpoint-*" covers the staging folders of checkpoints being written (".checkpoint-<step>.tmp/...").
@@ -73,7 +63,9 @@ def resolve_token(cli_token: Optional[str]) -> Optional[str]:
 def upload_patterns(push_checkpoints: bool) -> tuple[list[str], list[str]]:
     """(allow_patterns, ignore_patterns) for `HfApi.upload_folder` on a run folder. Fresh lists on every call
     (upload_folder extends the ignore list it is given)."""
-    allow = list(_PIPELINE_PATTERNS)
+    from .rundir import hub_patterns
+
+    allow = hub_patterns()  # the DDPMPipeline export, its model card and the images it shows
     ignore = list(_NEVER_PATTERNS)
     if push_checkpoints:
         allow.append(_CHECKPOINT_PATTERN)

@@ -9,7 +9,6 @@ Progress is counted in optimizer steps; the profiles are scale-free, so this equ
 from __future__ import annotations
 
 import copy
-import json
 import re
 from pathlib import Path
 from typing import Sequence

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
+
 
 import torch
 
@@ -97,11 +97,6 @@ class JsonlWriter:
         tmp.replace(self.path)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
+def tracker_config(cfg) -> dict:
+    """Flat scalar config for trackers (TensorBoard hparams accept int/float/str/bool only); no secrets."""
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in cfg.to_dict().items()}

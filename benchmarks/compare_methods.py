@@ -167,7 +167,8 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
     torch.set_num_threads(threads)
     from adaptive.config import replace, resolve_config
     from adaptive.losses import DiffusionTables
-    from adaptive.loop import optimizer_step, setup
+    from adaptive.build import setup
+    from adaptive.loop import optimizer_step
     from adaptive.timesteps import build_sampler
     from train_accelerate import parse_args
 
@@ -188,7 +189,7 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
 
     def timed(m: str, n: int) -> float:
         nonlocal step
-        run.cfg, run.tables, run.sampler = variants[m]
+        run.cfg, run.tables, run.timesteps = variants[m]
         t0 = now()
         for _ in range(n):
             optimizer_step(run, step, next(batches))

@@ -72,7 +72,8 @@ def profile(fn, steps: int) -> dict:
 def training_step(preset: str, batch: int, data: Path):
     from throughput import make_cfg
 
-    from adaptive.loop import optimizer_step, setup
+    from adaptive.build import setup
+    from adaptive.loop import optimizer_step
 
     run = setup(make_cfg(preset, data, batch, []), lambda m: None)
     batches, counter = run.data.batches(0), iter(range(10**9))

@@ -85,7 +85,8 @@ def worker(args) -> dict:
     cfg = make_cfg(args.preset, args.data, args.batch, args.extra + (["--compile"] if compile_ and kind == "train-ours" else []))
     t_build = time.perf_counter()
     if kind == "train-ours":
-        from adaptive.loop import optimizer_step, setup
+        from adaptive.build import setup
+        from adaptive.loop import optimizer_step
 
         run = setup(cfg, lambda m: None)
         device, batches, counter = run.accelerator.device, run.data.batches(0), iter(range(10**9))
@@ -100,7 +101,7 @@ def worker(args) -> dict:
 
         from adaptive.attention import configure_attention
         from adaptive.model import build_noise_scheduler, build_unet
-        from adaptive.sampling import compile_for_sampling, ddpm_sample
+        from adaptive.image_sampler import compile_for_sampling, ddpm_sample
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         unet = build_unet(cfg).to(device).eval()

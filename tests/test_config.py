@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from adaptive.config import PRESETS, ConfigError, TrainConfig, field_comments, resolve_config
+from adaptive.config import PRESETS, ConfigError, TrainConfig, field_comments, replace, resolve_config
 from adaptive.model import build_noise_scheduler, build_unet, count_parameters
 from train_accelerate import main, parse_args
 
@@ -89,6 +89,6 @@ def test_hub_dataset_with_an_img_column(tmp_path):
     cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "dataset_name": str(tmp_path / "repo"), "cache_dir": str(tmp_path / "cache")})
     x = decode_all(open_entries(cfg), 16)
     assert x.shape == (5, 3, 32, 32) and x[3].float().mean().item() == 30
-    cfg.image_column = "picture"
+    cfg = replace(cfg, image_column="picture")
     with pytest.raises(ConfigError, match="--image_column 'picture' is not a column"):
         open_entries(cfg)

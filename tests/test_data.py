@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaptive.config import ConfigError, PRESETS, TrainConfig
+from adaptive.config import ConfigError, PRESETS, TrainConfig, replace
 from adaptive.data import IndexSchedule, Layout, TrainData, decode_all, open_entries, to_model_input
 
 from conftest import write_images, zip_folder
@@ -85,7 +85,7 @@ def test_flip_is_off_without_random_flip():
     cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "train_data_dir": "unused", "random_flip": False})
     d = TrainData(cfg, Layout(64), 0, torch.device("cpu"), images=torch.zeros(100, 3, 2, 2, dtype=torch.uint8))
     assert not d.indices(0, 0)[1].any()
-    cfg.random_flip = True
+    cfg = replace(cfg, random_flip=True)
     d = TrainData(cfg, Layout(64), 0, torch.device("cpu"), images=torch.zeros(100, 3, 2, 2, dtype=torch.uint8))
     assert 10 < int(d.indices(0, 0)[1].sum()) < 54
 

@@ -70,9 +70,13 @@ def test_exact_resume_is_bit_identical(tmp_path, image_folder, nproc):
         assert {"random_states_0.pkl", "random_states_1.pkl"} <= names
 
 
-def start(args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "train_accelerate.py", *args], cwd=ROOT, env=env,
+def start(args: list[str], checkpoint_pause: float | None = None) -> subprocess.Popen:
+    """train_accelerate.py in the background; with checkpoint_pause, through the test helper whose checkpoint writes
+    pause that long before the manifest (a wide window for a kill)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    script = ["train_accelerate.py"] if checkpoint_pause is None else \
+        ["tests/helpers/slow_checkpoint_train.py", str(checkpoint_pause)]
+    return subprocess.Popen([sys.executable, *script, *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -122,8 +126,8 @@ def test_sigkill_at_random_points_then_resume_matches_the_straight_run(tmp_path,
     run_cli("train_accelerate.py", tiny_args(image_folder, straight, *STATEFUL, *steps))
     args = tiny_args(image_folder, killed, *STATEFUL, *steps, "--resume_from_checkpoint", "latest")
     rng = random.Random(1234)
-    # 1) kill while a checkpoint is half written (the fault hook widens the window between write and manifest)
-    proc = start(args, {"ADAPTIVE_TEST_CHECKPOINT_PAUSE": "30"})
+    # 1) kill while a checkpoint is half written (the helper widens the window between write and manifest)
+    proc = start(args, checkpoint_pause=30)
     wait_for(lambda: any(killed.glob(".checkpoint-*.tmp")), proc=proc)
     proc.kill()
     proc.wait()
@@ -229,7 +233,8 @@ def test_rerunning_a_finished_run_changes_nothing_and_a_larger_budget_continues_
 def test_a_run_is_finished_only_once_its_last_step_is_exported(tmp_path):
     from types import SimpleNamespace
 
-    from adaptive.loop import Progress, finished_run
+    from adaptive.checkpoint import Progress
+    from adaptive.rundir import finished_run
 
     cfg = SimpleNamespace(output_dir=str(tmp_path), max_train_minutes=None)
     assert finished_run(cfg, Progress(step=10), 10) is None  # trained, never exported (killed during the export)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from adaptive.sampling import shard
+from adaptive.image_sampler import shard
 
 from conftest import run_cli
 
@@ -140,7 +140,7 @@ def test_own_ddpm_step_is_bit_identical_to_the_scheduler(prediction_type):
     """ddpm_step (noise passed in, no host sync) == DDPMScheduler.step with the same noise, exactly."""
     from diffusers import DDPMScheduler
 
-    from adaptive.sampling import ddpm_step
+    from adaptive.image_sampler import ddpm_step
 
     s = DDPMScheduler(prediction_type=prediction_type)
     s.set_timesteps(50)

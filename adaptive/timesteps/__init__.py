@@ -1,4 +1,8 @@
-"""Timestep samplers by name; `build_sampler(cfg, device, tables)` is what the training loop calls."""
+"""Timestep samplers by name; `build_sampler(cfg, device, tables)` is what the training set-up calls.
+
+A new method: one file in this package (a TimestepSampler subclass with `from_config`), one line in SAMPLERS, one
+entry in the config's CHOICES["timestep_sampler"], and a test in tests/test_timesteps.py (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
@@ -17,10 +21,9 @@ SAMPLERS: dict[str, type[TimestepSampler]] = {
 }
 
 
-def build_sampler(cfg, device: torch.device | str, tables=None) -> TimestepSampler:
-    """The configured sampler; `tables` (DiffusionTables) gives methods the schedule's SNR and objective weights."""
-    cls = SAMPLERS[cfg.timestep_sampler]
-    return cls(cfg.ddpm_num_steps, device=device, tables=tables, cfg=cfg)
+def build_sampler(cfg, device: torch.device | str, tables) -> TimestepSampler:
+    """The configured method; `tables` (DiffusionTables) gives it the schedule's SNR and objective weights."""
+    return SAMPLERS[cfg.timestep_sampler].from_config(cfg, device, tables)
 
 
 __all__ = ["SAMPLERS", "TimestepSampler", "UniformSampler", "build_sampler"]

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ConfigError
-from .base import TimestepSampler
+from typing import Optional
+
+from ..config import check_bins
+from .base import TimestepSampler, bin_mean
 
 NORM_RATE = 0.1  # update rate of the running mean of the gradient norm per unit scale (~10-step memory)
 
@@ -68,34 +70,31 @@ def stratified_bins(p: torch.Tensor, n: int, generator: torch.Generator) -> torc
 
 class AdaptiveSampler(TimestepSampler):
     name = "adaptive"
-    needs_losses = True
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, cfg=None):
-        super().__init__(num_timesteps, device, tables, cfg)
-        get = lambda k, d: getattr(cfg, k, d) if cfg is not None else d  # noqa: E731
-        self.num_bins = get("adaptive_bins", 100)
-        if num_timesteps % self.num_bins:
-            raise ValueError(f"--adaptive_bins {self.num_bins} must divide the number of timesteps {num_timesteps}")
-        self.width = num_timesteps // self.num_bins
-        self.beta0 = float(get("adaptive_balance", 0.5))
-        final = get("adaptive_balance_final", 0.0)
-        self.beta1 = self.beta0 if final is None else float(final)
-        self.anneal = float(get("adaptive_anneal_fraction", 1.0))
-        self.floor = float(get("adaptive_weight_floor", 0.0))
-        self.progress = 0.0  # fraction of the run done, set by the loop each step (begin_step)
-        self.uniform_mix = float(get("adaptive_uniform_mix", 0.1))
-        self.rate = float(get("adaptive_ema", 0.05))
-        self.warmup = int(get("adaptive_warmup_steps", 20))
-        self.stratified = bool(get("adaptive_stratified", True))
-        self.normalize = get("adaptive_normalize", "unit")
-        self.proposal_kind = get("adaptive_proposal", "loss")
+    def __init__(self, num_timesteps: int, device="cpu", tables=None, *, bins: int = 100, balance: float = 0.5,
+                 balance_final: Optional[float] = 0.0, anneal_fraction: float = 1.0, weight_floor: float = 0.0,
+                 uniform_mix: float = 0.1, ema: float = 0.05, warmup_steps: int = 20, stratified: bool = True,
+                 normalize: str = "unit", proposal: str = "loss", loss_scale: Optional[float] = None,
+                 max_grad_norm: float = 1.0):
+        super().__init__(num_timesteps, device, tables)
+        check_bins(bins, num_timesteps)
+        self.num_bins = bins
+        self.width = num_timesteps // bins
+        self.beta0 = float(balance)
+        self.beta1 = self.beta0 if balance_final is None else float(balance_final)
+        self.anneal = float(anneal_fraction)
+        self.floor = float(weight_floor)
+        self.fraction = 0.0  # share of the run done, given with every draw (sample)
+        self.uniform_mix = float(uniform_mix)
+        self.rate = float(ema)
+        self.warmup = int(warmup_steps)
+        self.stratified = bool(stratified)
+        self.normalize = normalize
+        self.proposal_kind = proposal
         # The loss scale s: Adam is invariant to it, gradient clipping is not. None = the clip-anchored rule (s from
         # the measured gradient norm, clip_anchored_scale); a number fixes s (the hand-set constant of earlier versions).
-        fixed = get("adaptive_loss_scale", None)
-        if fixed is not None and not fixed > 0:
-            raise ConfigError("--adaptive_loss_scale must be > 0")
-        self.fixed_scale = None if fixed is None else float(fixed)
-        self.max_grad_norm = float(get("max_grad_norm", 1.0))
+        self.fixed_scale = None if loss_scale is None else float(loss_scale)
+        self.max_grad_norm = float(max_grad_norm)
         self.scale = torch.ones((), device=self.device)  # s, set at the end of the warm-up (see update)
         self.unit_norm = torch.zeros((), device=self.device)  # running mean of the gradient norm per unit scale
         self.unit_norm_peak = torch.zeros((), device=self.device)  # its maximum so far
@@ -106,15 +105,25 @@ class AdaptiveSampler(TimestepSampler):
         self.updates = 0
         self._cache = None
 
+    @classmethod
+    def from_config(cls, cfg, device, tables):
+        return cls(cfg.ddpm_num_steps, device, tables, bins=cfg.adaptive_bins, balance=cfg.adaptive_balance,
+                   balance_final=cfg.adaptive_balance_final, anneal_fraction=cfg.adaptive_anneal_fraction,
+                   weight_floor=cfg.adaptive_weight_floor, uniform_mix=cfg.adaptive_uniform_mix, ema=cfg.adaptive_ema,
+                   warmup_steps=cfg.adaptive_warmup_steps, stratified=cfg.adaptive_stratified,
+                   normalize=cfg.adaptive_normalize, proposal=cfg.adaptive_proposal,
+                   loss_scale=cfg.adaptive_loss_scale, max_grad_norm=cfg.max_grad_norm)
+
     @property
     def beta(self) -> float:
         """Balance exponent now: beta0 -> beta1 linearly over the first `anneal` share of the run, then beta1."""
-        return self.beta0 + (self.beta1 - self.beta0) * min(1.0, max(0.0, self.progress / self.anneal))
+        return self.beta0 + (self.beta1 - self.beta0) * min(1.0, max(0.0, self.fraction / self.anneal))
 
-    def begin_step(self, step: int, progress: float = 0.0) -> None:
-        if progress != self.progress and self.beta0 != self.beta1:
+    def set_fraction(self, fraction: float) -> None:
+        """The share of the run done (the balance anneals with it)."""
+        if fraction != self.fraction and self.beta0 != self.beta1:
             self._cache = None
-        self.progress = progress
+        self.fraction = fraction
 
     # -- the current proposal -------------------------------------------------------------------------------------
     def _tables(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,15 +161,15 @@ class AdaptiveSampler(TimestepSampler):
         b = t // self.width
         return lam[b] / (self.num_bins * p[b])
 
-    def sample(self, batch_size, device, generator):
+    def sample(self, batch_size, generator, step=0, fraction=0.0):
+        self.set_fraction(fraction)
         _, p = self._tables()
         if self.stratified:
             b = stratified_bins(p, batch_size, generator)
         else:
             b = torch.multinomial(p.to(generator.device), batch_size, replacement=True, generator=generator)
         t = b * self.width + torch.randint(0, self.width, (batch_size,), generator=generator, device=generator.device)
-        t = t.to(self.device)
-        return t.to(device), self.weight_of(t).to(device)
+        return t, self.weight_of(t.to(self.device)).to(generator.device)
 
     # -- learning ------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -241,8 +250,6 @@ class AdaptiveSampler(TimestepSampler):
         return super().effective_weights() * self.objective_weights()
 
     def diagnostics(self):
-        from .base import bin_mean
-
         d = super().diagnostics()
         d["loss_mean_by_t"] = bin_mean(self.m1.repeat_interleave(self.width))
         d["loss_scale"] = self.scale.clone()

@@ -1,14 +1,21 @@
-"""The timestep-sampler interface: the only thing the training loop knows about how t is chosen.
+"""The timestep-sampler contract: everything the training loop knows about how t is chosen and how much it counts.
 
-Per optimizer step the loop calls `sample(G, device, generator)` once for the whole global batch (every rank with the
-same generator, so all ranks hold the same t and take their slice), minimises mean(loss(t, weight, per_sample_loss)),
-and, if `needs_losses`, calls `update(t, loss)` with the per-sample objective losses gathered from all ranks. State
-lives in tensors on the device, is identical on every rank, and round-trips through `state_dict`/`load_state_dict`.
+Per optimizer step the loop calls, in this order, on every rank:
+  sample(G, generator, step, fraction) -> (t [G], m [G])  the whole global batch, identical on every rank (the same
+                                                           generator), or None for methods that draw from x0
+  take(draw, x0, sl, generator) -> (t [B], m [B])          this rank's micro-batch: by default its slice of the draw
+  ... the model minimises mean(m * L), L = w(t) MSE_t the configured objective's per-sample loss ...
+  before_update(model, accelerator)                        optional: methods that measure the model (kim2025)
+  after_update(model, accelerator)                         around the optimizer step; every rank calls them
+  update(t [G], L [G], grad_norm)                          the global batch's t and objective losses (gathered from
+                                                           all ranks in draw order) and the pre-clip gradient norm
+and once per log step `diagnostics()` (tensors, no host sync). State lives in tensors on the device, is identical on
+every rank (it is only updated from gathered data) and round-trips through `state_dict`/`load_state_dict`.
 
-The configured objective is E_{t ~ U}[w(t) MSE_t] (w from --loss_weighting, already inside per_sample_loss). An
-unbiased sampler draws t ~ p and multiplies by 1/(T p_t), which leaves the objective and its gradient unchanged in
-expectation (only the variance changes); a sampler with `changes_objective = True` optimises something else on
-purpose and says what in `describe()`.
+m is the whole per-sample loss multiplier. The configured objective is E_{t ~ U}[w(t) MSE_t]; an unbiased method
+draws t ~ p and returns m = lambda(t) / (T p_t), which leaves the objective lambda(t) w(t) MSE_t (lambda = 1: the
+configured one) unchanged in expectation; a method with `changes_objective = True` optimises something else on
+purpose and says what in `describe()`. Each method is built from the config by `from_config(cfg, device, tables)`.
 """
 
 from __future__ import annotations
@@ -50,19 +57,20 @@ def bin_mean(values: torch.Tensor, bins: int = DIAGNOSTIC_BINS) -> torch.Tensor:
 
 
 class TimestepSampler:
-    """Base class: draws t from `probabilities()` with importance weights 1/(T p_t), which keep E[w L] unbiased."""
+    """Base class: draws t from `probabilities()` with multipliers 1/(T p_t), which keep E[m L] unbiased."""
 
     name = "base"
     changes_objective = False  # True for methods that deliberately optimise another objective than the configured one
-    needs_losses = False  # True when update() uses the gathered per-sample losses
-    conditional = False  # True when t depends on x0: the loop calls sample_conditional per micro-batch instead
-    importance_sampler = True  # weight_of(t) p(t) T = objective_weights(t): exactly unbiased for the declared objective
 
-    def __init__(self, num_timesteps: int, device: torch.device | str = "cpu", tables=None, cfg=None):
+    def __init__(self, num_timesteps: int, device: torch.device | str = "cpu", tables=None):
         self.num_timesteps = num_timesteps
         self.device = torch.device(device)
-        self.tables = tables  # DiffusionTables (snr, objective weight per t) or None in unit tests
-        self.cfg = cfg
+        self.tables = tables  # DiffusionTables (snr, objective weight per t) or None
+
+    @classmethod
+    def from_config(cls, cfg, device: torch.device | str, tables) -> "TimestepSampler":
+        """The method with the config's settings (subclasses read their own fields here, and only here)."""
+        return cls(cfg.ddpm_num_steps, device, tables)
 
     # -- drawing -------------------------------------------------------------------------------------------------
     def probabilities(self) -> torch.Tensor:
@@ -74,42 +82,33 @@ class TimestepSampler:
         return torch.ones(self.num_timesteps, device=self.device)
 
     def weight_of(self, t: torch.Tensor) -> torch.Tensor:
-        """The loss multiplier that `sample` returns with timestep t: 1 / (T p_t) for unbiased samplers."""
+        """The loss multiplier m that `sample` returns with timestep t: 1 / (T p_t) for unbiased samplers."""
         return importance_weights(self.probabilities(), t)
 
-    def sample(self, batch_size: int, device: torch.device | str, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(t long [B], weight float [B]) with weight = 1 / (T p_t)."""
+    def sample(self, batch_size: int, generator: torch.Generator, step: int = 0,
+               fraction: float = 0.0) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """(t long [G], m float [G]) for the global batch, on the generator's device; `fraction` = share of the run
+        done (steps, or the spent wall-clock budget), for methods whose objective follows the run."""
         p = self.probabilities()
-        t = torch.multinomial(p.to(generator.device), batch_size, replacement=True, generator=generator).to(self.device)
-        return t.to(device), self.weight_of(t).to(device)
+        t = torch.multinomial(p.to(generator.device), batch_size, replacement=True, generator=generator)
+        return t, self.weight_of(t.to(self.device)).to(generator.device)
 
-    def sample_conditional(self, x0: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(t, weight) for this rank's micro-batch x0 [B, 3, S, S] (conditional samplers only)."""
-        raise NotImplementedError
-
-    def loss(self, t: torch.Tensor, weight: torch.Tensor, per_sample_loss: torch.Tensor) -> torch.Tensor:
-        """Per-sample training loss [B] whose mean is minimised."""
-        return weight * per_sample_loss
+    def take(self, draw, x0: torch.Tensor, sl: slice, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(t [B], m [B]) of this rank's micro-batch x0 [B, 3, S, S]: its slice `sl` of the global draw (methods that
+        draw t from x0 use `generator`, seeded from (seed, step, micro-step, rank), instead)."""
+        t, m = draw
+        return t[sl], m[sl]
 
     # -- learning ------------------------------------------------------------------------------------------------
     def update(self, t: torch.Tensor, loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None) -> None:
         """Learn from the global batch's timesteps [G], per-sample objective losses [G] and the step's pre-clip gradient
         norm (all the same on every rank)."""
 
-    # Hooks around the optimizer step, for methods that measure the model itself (kim2025); ctx carries
-    # accelerator, model (unwrapped), autocast, seed. Every rank calls them.
-    def begin_step(self, step: int, progress: float = 0.0) -> None:
-        """Called first in every optimizer step; progress = fraction of the run done (steps or wall-clock budget)."""
+    def before_update(self, model: torch.nn.Module, accelerator) -> None:
+        """Before the optimizer step (gradients computed), every rank: for methods that measure the model."""
 
-    def before_optimizer_step(self, ctx) -> None:
-        pass
-
-    def after_optimizer_step(self, ctx) -> None:
-        pass
-
-    def parameters(self) -> list[torch.nn.Parameter]:
-        """Trainable tensors that join the model's optimizer (none for the samplers shipped here)."""
-        return []
+    def after_update(self, model: torch.nn.Module, accelerator) -> None:
+        """After the optimizer step, every rank: for methods that measure the model."""
 
     # -- state ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -125,9 +124,10 @@ class TimestepSampler:
         return w_obj  # unbiased: T p(t) * 1/(T p(t)) * w(t)
 
     def diagnostics(self) -> dict[str, torch.Tensor]:
-        """Tensors for logging (no host sync here; the caller syncs once per log step)."""
+        """Tensors for logging (no host sync here; the caller syncs once per log step): the proposal p [T], per-bin
+        p and effective weight, entropy and ESS of p, method extras."""
         p = self.probabilities()
-        return {"p_by_t": bin_sum(p), "weight_by_t": bin_mean(self.effective_weights()),
+        return {"p": p, "p_by_t": bin_sum(p), "weight_by_t": bin_mean(self.effective_weights()),
                 "p_entropy": entropy_fraction(p), "p_ess": ess_fraction(p)}
 
     def describe(self) -> dict:
@@ -137,13 +137,13 @@ class TimestepSampler:
 
 
 class UniformSampler(TimestepSampler):
-    """t ~ U{0, ..., T-1}, weight 1 (Ho et al. 2020, Algorithm 1)."""
+    """t ~ U{0, ..., T-1}, m = 1 (Ho et al. 2020, Algorithm 1)."""
 
     name = "uniform"
 
     def weight_of(self, t):
         return torch.ones(t.shape, device=self.device)
 
-    def sample(self, batch_size, device, generator):
+    def sample(self, batch_size, generator, step=0, fraction=0.0):
         t = torch.randint(0, self.num_timesteps, (batch_size,), generator=generator, device=generator.device)
-        return t.to(device), torch.ones(batch_size, device=device)
+        return t, self.weight_of(t).to(generator.device)

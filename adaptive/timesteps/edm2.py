@@ -4,52 +4,45 @@ from __future__ import annotations
 
 import torch
 
-from .base import TimestepSampler, bin_mean
-
-
-def uncertainty_loss(per_sample_loss: torch.Tensor, u_t: torch.Tensor) -> torch.Tensor:
-    """L / e^u + u (Karras et al. 2024, eq. 21): at the optimum e^u = E[L], so every noise level contributes ~1."""
-    return per_sample_loss * torch.exp(-u_t) + u_t
+from .base import UniformSampler, bin_mean
 
 
 def uncertainty_grad(per_sample_loss: torch.Tensor, bins: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """d/du of mean_i (L_i e^-u_b(i) + u_b(i)) for every bin b: sum_i in b (1 - L_i e^-u_b) / G."""
+    """d/du of mean_i (L_i e^-u_b(i) + u_b(i)) (Karras et al. 2024, eq. 21; at the optimum e^u = E[L]) for every bin
+    b: sum_i in b (1 - L_i e^-u_b) / G."""
     g = 1.0 - per_sample_loss * torch.exp(-u[bins])
+    g = torch.where(torch.isfinite(g), g, torch.zeros_like(g))  # a non-finite loss teaches u nothing
     return torch.zeros_like(u).index_add_(0, bins, g) / per_sample_loss.numel()
 
 
-class EDM2UncertaintySampler(TimestepSampler):
+class EDM2UncertaintySampler(UniformSampler):
     """t ~ U; the model minimises L_t e^{-u_b(t)} (+ u) with a learned log-variance u per timestep bin.
 
     CHANGES THE OBJECTIVE (deliberately): the model's loss at t is divided by e^{u_t} ~ E[L_t], i.e. every noise level
-    is balanced to unit loss. u is learned by Adam on the exact gradient of the same loss computed from the losses
-    gathered from all ranks (so every rank holds the same u; EDM2 learns u with an MLP in the model's optimizer).
+    is balanced to unit loss. The loss multiplier is m = e^{-u_b(t)} (the + u term of eq. 21 has no gradient in the
+    model's parameters). u is learned by Adam on the exact gradient of that loss computed from the losses gathered from
+    all ranks (so every rank holds the same u; EDM2 learns u with an MLP in the model's optimizer).
     """
 
     name = "edm2_uncertainty"
     changes_objective = True
-    importance_sampler = False  # no 1/p correction: the sampling distribution is part of the objective
-    needs_losses = True
     num_bins = 50  # u is piecewise constant over 50 equal-width timestep bins (EDM2: a smooth MLP of log sigma)
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, cfg=None):
-        super().__init__(num_timesteps, device, tables, cfg)
-        lr = getattr(cfg, "uncertainty_lr", 1e-2) if cfg is not None else 1e-2
+    def __init__(self, num_timesteps, device="cpu", tables=None, *, lr: float = 1e-2):
+        super().__init__(num_timesteps, device, tables)
         self.u = torch.zeros(self.num_bins, device=self.device, requires_grad=True)  # log-variance per bin; EDM2 starts at 0
         self.opt = torch.optim.Adam([self.u], lr=lr, betas=(0.9, 0.99), eps=1e-8)
+
+    @classmethod
+    def from_config(cls, cfg, device, tables):
+        return cls(cfg.ddpm_num_steps, device, tables, lr=cfg.uncertainty_lr)
 
     def bins(self, t: torch.Tensor) -> torch.Tensor:
         return t * self.num_bins // self.num_timesteps
 
-    def weight_of(self, t):
-        return torch.ones(t.shape, device=self.device)
-
-    def sample(self, batch_size, device, generator):
-        t = torch.randint(0, self.num_timesteps, (batch_size,), generator=generator, device=generator.device)
-        return t.to(device), torch.ones(batch_size, device=device)
-
-    def loss(self, t, weight, per_sample_loss):
-        return weight * uncertainty_loss(per_sample_loss, self.u[self.bins(t)].detach())
+    def sample(self, batch_size, generator, step=0, fraction=0.0):
+        t, ones = super().sample(batch_size, generator, step, fraction)
+        return t, ones * torch.exp(-self.u.detach()[self.bins(t.to(self.device))]).to(generator.device)
 
     @torch.no_grad()
     def update(self, t, loss, grad_norm=None):

@@ -22,12 +22,11 @@ class IDDPMSampler(TimestepSampler):
     rank holds the same history (the public code did this too, but with an unseeded RNG and no saved state)."""
 
     name = "iddpm"
-    needs_losses = True
     history_len = 10
     uniform_prob = 0.001
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, cfg=None):
-        super().__init__(num_timesteps, device, tables, cfg)
+    def __init__(self, num_timesteps, device="cpu", tables=None):
+        super().__init__(num_timesteps, device, tables)
         self.history = torch.zeros(num_timesteps, self.history_len, device=self.device)  # ring buffers [T, 10]
         self.counts = torch.zeros(num_timesteps, dtype=torch.long, device=self.device)  # entries written per t
         self.warm = False  # every t has a full history; checked every 10 updates (a host sync), then fixed

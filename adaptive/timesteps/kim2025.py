@@ -19,7 +19,6 @@ CHANGES THE OBJECTIVE (deliberately): the model minimises E_x0 E_t~pi(.|x0)[w(t)
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -101,22 +100,15 @@ def pearson_scores(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 class Kim2025Sampler(TimestepSampler):
     name = "kim2025"
-    changes_objective = True
-    importance_sampler = False  # no 1/p correction: the sampling distribution is part of the objective
-    conditional = True  # draws t per sample from x0: the loop calls sample_conditional per micro-batch
+    changes_objective = True  # no 1/p correction: the sampling distribution is part of the objective
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, cfg=None):
-        super().__init__(num_timesteps, device, tables, cfg)
-        self.resolution = getattr(cfg, "resolution", 32) if cfg is not None else 32
+    def __init__(self, num_timesteps, device="cpu", tables=None, *, resolution: int = 32, seed: int = 0):
+        super().__init__(num_timesteps, device, tables)
+        self.resolution, self.seed = resolution, seed
         self.policy = BetaPolicy(self.resolution).to(self.device)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=POLICY_LR)
-        if tables is not None:
-            abar = tables.alphas_cumprod.double()
-            betas = 1 - abar / torch.cat([torch.ones(1, dtype=abar.dtype), abar[:-1]])
-        else:
-            from diffusers import DDPMScheduler
-
-            betas = DDPMScheduler(num_train_timesteps=num_timesteps).betas
+        abar = tables.alphas_cumprod.double()
+        betas = 1 - abar / torch.cat([torch.ones(1, dtype=abar.dtype), abar[:-1]])
         self.c = kl_coefficients(betas).float().to(self.device)  # [T]
         self.buffer_x = torch.zeros(BUFFER, num_timesteps, device=self.device)  # Delta rows
         self.buffer_y = torch.zeros(BUFFER, device=self.device)  # sum Delta
@@ -128,16 +120,23 @@ class Kim2025Sampler(TimestepSampler):
         self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # (x0, u) of this step's micro-batches
         self._before: dict = {}
 
-    # -- drawing -------------------------------------------------------------------------------------------------
-    def begin_step(self, step: int, progress: float = 0.0) -> None:
-        self._step = step
-        self._cache = []
+    @classmethod
+    def from_config(cls, cfg, device, tables):
+        return cls(cfg.ddpm_num_steps, device, tables, resolution=cfg.resolution, seed=cfg.seed)
 
+    # -- drawing -------------------------------------------------------------------------------------------------
     def is_update_step(self) -> bool:
         return self._step % UPDATE_EVERY == 0
 
+    def sample(self, batch_size, generator, step=0, fraction=0.0):
+        """No global draw: t depends on each sample's x0 (take)."""
+        self._step = step
+        self._cache = []
+        return None
+
     @torch.no_grad()
-    def sample_conditional(self, x0: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def take(self, draw, x0: torch.Tensor, sl: slice, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """t_i = round(u_i (T - 1)), u_i ~ Beta(pi(x0_i)); m = 1 (the plain batch mean)."""
         alpha, beta = self.policy(x0.float())
         ga, gb = sample_gamma(alpha, generator), sample_gamma(beta, generator)
         u = (ga / (ga + gb).clamp_min(1e-30)).clamp(EPS_U, 1 - EPS_U)
@@ -146,11 +145,6 @@ class Kim2025Sampler(TimestepSampler):
         if self.is_update_step():
             self._cache.append((x0.detach(), u))
         return t, torch.ones_like(u)
-
-    def sample(self, batch_size, device, generator):  # unconditional use (tests): the policy at a blank image
-        blank = torch.zeros(batch_size, 3, self.resolution, self.resolution, device=self.device)
-        t, w = self.sample_conditional(blank, generator)
-        return t.to(device), w.to(device)
 
     def weight_of(self, t):
         return torch.ones(t.shape, device=self.device)
@@ -177,9 +171,9 @@ class Kim2025Sampler(TimestepSampler):
             out.append(self.c[ti] * (pred.float() - eps).square().flatten(1).mean(1))
         return torch.cat(out)
 
-    def _measure(self, ctx, phase: str) -> dict:
-        acc, model = ctx.accelerator, ctx.model
-        seed = ctx.seed
+    def _measure(self, model, acc, phase: str) -> dict:
+        """KL terms of one shared x0 at all T timesteps (split across ranks, gathered) and of this rank's x0 at the
+        selected timesteps S. Collectives: every rank calls this at the same steps."""
         x_local = torch.cat([x for x, _ in self._cache])
         # one x0 shared by all ranks (rank 0's first image), its T timesteps split across ranks
         shared = x_local[:1].clone()
@@ -190,24 +184,24 @@ class Kim2025Sampler(TimestepSampler):
         per = -(-self.num_timesteps // acc.num_processes)
         ts = torch.arange(acc.process_index * per, min(self.num_timesteps, (acc.process_index + 1) * per), device=self.device)
         ts = torch.cat([ts, ts.new_full((per - len(ts),), self.num_timesteps - 1)])  # pad to equal length
-        g = make_generator(self.device, seed, "kim2025", self._step, phase, acc.process_index)
-        kl_all = self._kl_terms(model, shared.expand(per, -1, -1, -1), ts, g, ctx.autocast)
+        g = make_generator(self.device, self.seed, "kim2025", self._step, phase, acc.process_index)
+        kl_all = self._kl_terms(model, shared.expand(per, -1, -1, -1), ts, g, acc.autocast)
         if acc.num_processes > 1:
             kl_all = acc.gather(kl_all)
         kl_all = kl_all[: self.num_timesteps]
         s = self.selected
         xs = x_local.repeat_interleave(len(s), 0)
-        kl_s = self._kl_terms(model, xs, s.repeat(len(x_local)), g, ctx.autocast).view(len(x_local), len(s))
+        kl_s = self._kl_terms(model, xs, s.repeat(len(x_local)), g, acc.autocast).view(len(x_local), len(s))
         return {"all": kl_all, "S": kl_s}
 
-    def before_optimizer_step(self, ctx) -> None:
+    def before_update(self, model, accelerator) -> None:
         if self.is_update_step() and self._cache:
-            self._before = self._measure(ctx, "before")
+            self._before = self._measure(model, accelerator, "before")
 
-    def after_optimizer_step(self, ctx) -> None:
+    def after_update(self, model, accelerator) -> None:
         if not (self.is_update_step() and self._cache and self._before):
             return
-        after = self._measure(ctx, "after")
+        after = self._measure(model, accelerator, "after")
         delta = self._before["all"] - after["all"]  # [T]
         reward = (self._before["S"] - after["S"]).sum(1)  # [B_local]
         # policy gradient (REINFORCE), averaged over ranks like the original DDP-wrapped policy
@@ -220,7 +214,7 @@ class Kim2025Sampler(TimestepSampler):
         loss = -(dist.log_prob(u) * r).mean()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        acc = ctx.accelerator
+        acc = accelerator
         if acc.num_processes > 1:
             for p in self.policy.parameters():
                 p.grad = acc.reduce(p.grad, reduction="mean")

@@ -11,6 +11,8 @@ from the configured betas instead of copied:
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -63,33 +65,30 @@ class SpeeDSampler(TimestepSampler):
     """
 
     name = "speed"
-    changes_objective = True
-    importance_sampler = False  # no 1/p correction: the sampling distribution is part of the objective
+    changes_objective = True  # no 1/p correction: the sampling distribution is part of the objective
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, cfg=None):
-        super().__init__(num_timesteps, device, tables, cfg)
-        self.k = getattr(cfg, "speed_k", 5.0) if cfg is not None else 5.0
-        self.lam = getattr(cfg, "speed_lambda", 0.6) if cfg is not None else 0.6
-        self.per_device = getattr(cfg, "train_batch_size", None) if cfg is not None else None
-        if tables is not None:
-            abar = tables.alphas_cumprod
-        else:
-            from diffusers import DDPMScheduler
-
-            abar = DDPMScheduler(num_train_timesteps=num_timesteps).alphas_cumprod
-        self.m, self.tau, mm = speed_constants(abar)
+    def __init__(self, num_timesteps, device="cpu", tables=None, *, k: float = 5.0, lam: float = 0.6,
+                 per_device: Optional[int] = None):
+        super().__init__(num_timesteps, device, tables)
+        self.k, self.lam, self.per_device = k, lam, per_device
+        self.m, self.tau, mm = speed_constants(tables.alphas_cumprod)
         self.p = speed_probabilities(num_timesteps, self.tau, self.k).float().to(self.device)
         self.w = speed_weights(mm, self.tau, self.lam).float().to(self.device)
+
+    @classmethod
+    def from_config(cls, cfg, device, tables):
+        return cls(cfg.ddpm_num_steps, device, tables, k=cfg.speed_k, lam=cfg.speed_lambda,
+                   per_device=cfg.train_batch_size)
 
     def _chunk(self, n: int, generator: torch.Generator) -> torch.Tensor:
         t0 = torch.multinomial(self.p.to(generator.device), n // 2 + 1, replacement=True, generator=generator)
         return dual_timesteps(t0, self.m, n)
 
-    def sample(self, batch_size, device, generator):
+    def sample(self, batch_size, generator, step=0, fraction=0.0):
         n = self.per_device or batch_size
         chunks = [self._chunk(min(n, batch_size - s), generator) for s in range(0, batch_size, n)]
-        t = torch.cat(chunks).to(self.device)
-        return t.to(device), self.w[t].to(device)
+        t = torch.cat(chunks)
+        return t, self.w[t.to(self.device)].to(generator.device)
 
     def weight_of(self, t):
         return self.w[t]

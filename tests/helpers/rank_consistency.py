@@ -8,7 +8,7 @@ from accelerate import Accelerator
 from adaptive.config import PRESETS, TrainConfig
 from adaptive.data import Layout
 from adaptive.losses import DiffusionTables
-from adaptive.loop import gather_for_sampler
+from adaptive.loop import gather_global_batch
 from adaptive.model import build_noise_scheduler
 from adaptive.timesteps import build_sampler
 
@@ -22,13 +22,13 @@ for name in ("adaptive", "iddpm", "edm2_uncertainty"):
     sampler = build_sampler(cfg, "cpu", tables)
     noise = torch.Generator().manual_seed(100 + rank)  # every rank sees different losses
     for step in range(30):
-        t_all, _ = sampler.sample(layout.global_batch, "cpu", torch.Generator().manual_seed(step))
+        t_all, _ = sampler.sample(layout.global_batch, torch.Generator().manual_seed(step))
         local_t, local_loss = [], []
         for micro in range(layout.accum):
             t = t_all[layout.slice(micro, rank)]
             local_t.append(t)
             local_loss.append(t.float() / 1000 + 0.01 * torch.rand(t.shape, generator=noise))
-        t_g, loss_g = gather_for_sampler(acc, layout, torch.cat(local_loss), torch.cat(local_t), t_all)
+        t_g, loss_g = gather_global_batch(acc, layout, torch.cat(local_t), torch.cat(local_loss))
         assert torch.equal(t_g, t_all)
         assert torch.allclose(loss_g - t_all.float() / 1000, torch.zeros(()), atol=0.0101)  # same order as the draw
         sampler.update(t_g, loss_g)

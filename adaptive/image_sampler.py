@@ -1,4 +1,5 @@
-"""DDPM ancestral sampling with one seed per image, shared by training previews, sample.py and evaluation.
+"""The image sampler: DDPM ancestral sampling with one seed per image, shared by training previews, sample.py and
+evaluation (not to be confused with the timestep sampler, adaptive/timesteps/).
 
 Image i is generated from its own torch.Generator(seed_i): its initial noise and every step's noise come from that
 generator alone, so the images do not depend on the batch size or on how many processes share the work.
@@ -168,6 +169,6 @@ SAMPLER_LABELS = {
 }
 
 
-def sampler_label(kind: str) -> str:
+def image_sampler_label(kind: str) -> str:
     """How a sampler is named in sampling.json and metrics.json."""
     return SAMPLER_LABELS[kind]

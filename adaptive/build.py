@@ -1,0 +1,156 @@
+"""Everything one optimizer step works with, built once: accelerator, data, model, EMA, optimizer, LR schedule,
+timestep sampler (`setup` -> `Run`). Also used by benchmarks/ to time each method's real step side by side."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .attention import configure_attention
+from .checkpoint import Progress, TrainState
+from .config import ConfigError, TrainConfig, replace
+from .data import Layout, load_train_data
+from .ema import EMA
+from .losses import DiffusionTables
+from .model import build_noise_scheduler, build_unet
+from .phema import PowerEMAs
+from .rundir import clear_run, run_holds_training
+from .seeding import seed_for
+from .stats import Stats
+from .timesteps import build_sampler
+
+
+@dataclass
+class Run:
+    """The built training run. `model` is the accelerate-prepared wrapper of the bare U-Net `unet`."""
+
+    cfg: TrainConfig  # resolved (mixed precision filled in from the accelerator)
+    accelerator: object
+    layout: Layout
+    data: object  # TrainData
+    unet: torch.nn.Module
+    model: torch.nn.Module
+    noise_scheduler: object
+    tables: DiffusionTables
+    timesteps: object  # the TimestepSampler
+    ema: Optional[EMA]
+    phema: Optional[PowerEMAs]
+    optimizer: object
+    lr_scheduler: object
+    max_steps: int
+    progress: Progress = field(default_factory=Progress)
+    stats: Stats = field(default_factory=Stats)
+
+
+def make_accelerator(cfg: TrainConfig):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
+
+    if cfg.logger == "wandb":
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError("--logger wandb needs the wandb package (pip install wandb)") from None
+    accelerator = Accelerator(
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        mixed_precision=cfg.mixed_precision,
+        log_with=None if cfg.logger == "none" else cfg.logger,
+        project_config=ProjectConfiguration(project_dir=cfg.output_dir,
+                                            logging_dir=os.path.join(cfg.output_dir, cfg.logging_dir)),
+        step_scheduler_with_optimizer=False,  # we step the LR schedule once per optimizer step, whatever the world size
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=1))],
+    )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:
+        raise ConfigError(
+            f"{launched} processes were launched but they did not join one process group; on a CPU host run "
+            "ACCELERATE_USE_CPU=1 accelerate launch --config_file accelerate_configs/cpu_2proc.yaml ..."
+        )
+    if accelerator.device.type == "cpu" and accelerator.mixed_precision == "fp16":
+        raise ConfigError("--mixed_precision fp16 needs a GPU; use bf16 on the CPU")
+    return accelerator
+
+
+def build_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
+    """AdamW (= Adam with weight decay 0, as DDPM), foreach kernels."""
+    return torch.optim.AdamW([{"params": list(params), "weight_decay": cfg.adam_weight_decay}], lr=cfg.learning_rate,
+                             betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon, foreach=True)
+
+
+def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    return cfg.max_train_steps if cfg.max_train_steps is not None else cfg.num_epochs * steps_per_epoch
+
+
+def prepare_output_dir(accelerator, cfg: TrainConfig, resume_from: Optional[Path]) -> None:
+    """Main process: clear a replaced run (--overwrite_output_dir), create the folder; every rank waits."""
+    out = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        if cfg.overwrite_output_dir and run_holds_training(out) and resume_from is None:
+            clear_run(out, cfg.logging_dir)
+        out.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+
+
+def build_model(cfg: TrainConfig, device: torch.device):
+    """(U-Net with the attention kernel for the device, noise scheduler, per-t tables); identical weights on every rank."""
+    if device.type == "cuda" and cfg.allow_tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(seed_for(cfg.seed, "init"))  # identical initial weights on every rank
+    unet = configure_attention(build_unet(cfg), cfg.attention_impl, device.type)
+    if cfg.channels_last:
+        unet = unet.to(memory_format=torch.channels_last)
+    noise_scheduler = build_noise_scheduler(cfg)
+    return unet, noise_scheduler, DiffusionTables.build(noise_scheduler.alphas_cumprod, cfg, device)
+
+
+def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=None) -> Run:
+    """Accelerator, data on the device, model, noise schedule, timestep sampler, EMA, optimizer, LR schedule; the
+    TrainState registered with the accelerator (so save_state/load_state carry it)."""
+    from diffusers.optimization import get_scheduler
+
+    # Set up the accelerator and load the data onto the device.
+    accelerator = make_accelerator(cfg)
+    cfg = replace(cfg, mixed_precision=accelerator.mixed_precision)
+    device = accelerator.device
+    accelerator.wait_for_everyone()  # every rank has checked its input before anything is written
+    layout = Layout(cfg.train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps)
+    with accelerator.main_process_first():
+        data = load_train_data(cfg, layout, accelerator.process_index, device, entries, log)
+    prepare_output_dir(accelerator, cfg, resume_from)
+
+    # Build the model, timestep sampler, EMA, optimizer and LR schedule.
+    unet, noise_scheduler, tables = build_model(cfg, device)
+    timesteps = build_sampler(cfg, device, tables)
+    ema = None
+    if cfg.use_ema:
+        ema = EMA(unet, cfg.ema_max_decay, cfg.ema_min_decay, cfg.ema_warmup, cfg.ema_inv_gamma, cfg.ema_power)
+        ema.model.to(device)
+    optimizer = build_optimizer(cfg, unet.parameters())
+    max_steps = total_steps(cfg, data.steps_per_epoch)
+    lr_scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.lr_warmup_steps,
+                                 num_training_steps=max_steps)
+    phema = PowerEMAs(unet, cfg.ema_snapshots).to(device) if cfg.ema_snapshots else None
+    if cfg.gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+    if cfg.compile:
+        unet.compile()  # in place: the parameters and state_dict keys stay those of the bare U-Net
+    model, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+    run = Run(cfg, accelerator, layout, data, unet, model, noise_scheduler, tables, timesteps, ema, phema, optimizer,
+              lr_scheduler, max_steps)
+    TrainState(run.progress, timesteps, ema, phema).register(accelerator)
+    return run
+
+
+def run_fraction(run: Run, step: int) -> float:
+    """Share of the run done: steps / max steps, or the spent share of --max_train_minutes if that is larger
+    (then it depends on the clock, so runs with a wall-clock budget are not bit-reproducible - they never are)."""
+    frac = step / max(1, run.max_steps)
+    if run.cfg.max_train_minutes:
+        frac = max(frac, run.progress.train_seconds / (60 * run.cfg.max_train_minutes))
+    return min(1.0, frac)

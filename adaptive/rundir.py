@@ -1,0 +1,203 @@
+"""The run folder (`--output_dir`): what is in it, when it may be written or cleared, provenance, export, Hub wiring.
+
+ARTIFACTS is the one table of what a run writes there; everything else (clearing with --overwrite_output_dir, what the
+Hub receives, what marks a folder as holding a run) is derived from it. Checkpoint folders have their own layout
+(adaptive/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .checkpoint import changed_keys, incompatible_keys, list_checkpoints, resolve_resume
+from .config import SECRET_FIELDS, ConfigError, TrainConfig
+
+# name -> (path in output_dir, uploaded to the Hub, marks a run).  The logs folder is --logging_dir.
+ARTIFACTS: dict[str, tuple[str, bool, bool]] = {
+    "config": ("config.json", True, True),  # resolved config (the uploaded copy is redacted)
+    "run_info": ("run_info.json", False, False),  # world size, versions, commit, command (token scrubbed)
+    "stats": ("stats.jsonl", False, True),  # one record per log step / evaluation
+    "export_record": ("export.json", False, False),  # {"step", "metrics"} of the exported pipeline; written last
+    "model_index": ("model_index.json", True, True),  # DDPMPipeline.save_pretrained
+    "unet": ("unet", True, False),
+    "scheduler": ("scheduler", True, False),
+    "model_card": ("README.md", True, False),
+    "samples": ("samples", True, False),  # grid_<step>.png
+    "heatmap": ("timestep_p.png", True, False),  # p(t) over training
+    "ema_snapshots": ("ema_snapshots", False, False),  # post-hoc EMA snapshots
+}
+
+
+def artifact(out: Path, name: str) -> Path:
+    return Path(out) / ARTIFACTS[name][0]
+
+
+def run_holds_training(out: Path) -> bool:
+    """A folder holds a run if it has any of the marking artifacts or a checkpoint."""
+    markers = [path for path, _, marks in ARTIFACTS.values() if marks]
+    return out.is_dir() and (any((out / m).exists() for m in markers) or bool(list_checkpoints(out)))
+
+
+def hub_patterns() -> list[str]:
+    """Glob patterns of the artifacts a run publishes (upload_folder's allow_patterns)."""
+    return [f"{path}/*" if name in ("unet", "scheduler") else f"{path}/*.png" if name == "samples" else path
+            for name, (path, hub, _) in ARTIFACTS.items() if hub]
+
+
+# ------------------------------------------------------------------------------------------------ folder policy
+
+
+def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
+    """Decide what to do with output_dir before anything is written; returns the checkpoint to resume from."""
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output_dir {out} exists and is not a folder")
+    if not run_holds_training(out):
+        if cfg.resume_from_checkpoint not in (None, "latest"):
+            return resolve_resume(out, cfg.resume_from_checkpoint, log)
+        return None
+    if cfg.overwrite_output_dir:
+        return None
+    if not cfg.resume_from_checkpoint:
+        raise ConfigError(
+            f"--output_dir {out} already holds a run; pass --resume_from_checkpoint latest to continue it or "
+            "--overwrite_output_dir to replace it"
+        )
+    ckpt = resolve_resume(out, cfg.resume_from_checkpoint, log)
+    saved_cfg_file = ckpt / "config.json" if ckpt else artifact(out, "config")
+    if saved_cfg_file.exists():
+        saved = json.loads(saved_cfg_file.read_text())
+        bad = incompatible_keys(saved, cfg.to_dict())
+        if bad:
+            raise ConfigError(
+                f"{saved_cfg_file.parent} was trained with a different model/objective ({', '.join(bad)} differ); "
+                "use another --output_dir or --overwrite_output_dir"
+            )
+        changed = [k for k in changed_keys(saved, cfg.to_dict()) if k != "mixed_precision" or saved.get(k) != cfg.mixed_precision]
+        if ckpt and changed:
+            log(f"warning: resuming {ckpt.name} with changed settings: {', '.join(changed)}")
+    return ckpt
+
+
+def clear_run(out: Path, logging_dir: str) -> None:
+    """Remove a previous run's artifacts and checkpoints from `out` (only with --overwrite_output_dir)."""
+    for p in list_checkpoints(out) + list(out.glob(".checkpoint-*.tmp")):
+        shutil.rmtree(p, ignore_errors=True)
+    inside = not Path(logging_dir).is_absolute() and ".." not in Path(logging_dir).parts
+    for path, _, _ in [*ARTIFACTS.values(), *([(logging_dir, False, False)] if inside else [])]:
+        target = out / path
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------------ provenance
+
+
+def run_info(accelerator, cfg: TrainConfig, layout, num_params: int, data) -> dict:
+    import accelerate
+    import diffusers
+
+    return {
+        "command": scrubbed_command(sys.argv),
+        "world_size": accelerator.num_processes,
+        "device": str(accelerator.device),
+        "device_name": torch.cuda.get_device_name() if accelerator.device.type == "cuda" else platform.processor() or platform.machine(),
+        "mixed_precision": accelerator.mixed_precision,
+        "global_batch": layout.global_batch,
+        "num_parameters": num_params,
+        "num_images": data.num_images,
+        "streaming": data.streaming,
+        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__, "accelerate": accelerate.__version__,
+                     "python": platform.python_version()},
+        "git_commit": git_commit(),
+    }
+
+
+def write_run_records(out: Path, cfg: TrainConfig, info: dict, timesteps: dict) -> None:
+    """config.json and run_info.json (main process)."""
+    artifact(out, "config").write_text(cfg.to_json())
+    artifact(out, "run_info").write_text(json.dumps({**info, "sampler": timesteps}, indent=2))
+
+
+def scrubbed_command(argv: list[str]) -> str:
+    """The command line with the value of --hub_token replaced by ***."""
+    out, hide = [], False
+    secret_flags = [f"--{name}" for name in SECRET_FIELDS]
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a in secret_flags:
+            out.append(a)
+            hide = True
+        elif any(a.startswith(f + "=") for f in secret_flags):
+            out.append(a.split("=", 1)[0] + "=***")
+        else:
+            out.append(a)
+    return " ".join(out)
+
+
+def git_commit() -> Optional[str]:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except Exception:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ export, Hub
+
+
+def export_pipeline(cfg: TrainConfig, unet, noise_scheduler, progress, info: dict,
+                    metrics: Optional[dict] = None) -> None:
+    """DDPMPipeline(unet=EMA U-Net, scheduler).save_pretrained(output_dir) in safetensors, with a model card
+    (main process only)."""
+    from diffusers import DDPMPipeline
+
+    from .model_card import write_model_card
+
+    out = Path(cfg.output_dir)
+    DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(out, safe_serialization=True)
+    write_model_card(out, cfg, progress, info, metrics)
+    # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
+    artifact(out, "export_record").write_text(json.dumps({"step": progress.step, "metrics": metrics}, indent=2))
+
+
+def finished_run(cfg: TrainConfig, progress, max_steps: int) -> Optional[str]:
+    """Why a resumed run has nothing left to do (its step or wall-clock budget is used up and the pipeline of that
+    step was exported), or None."""
+    if progress.step >= max_steps:
+        why = f"step {progress.step} of --max_train_steps {max_steps} reached"
+    elif cfg.max_train_minutes and progress.train_seconds >= 60 * cfg.max_train_minutes:
+        why = f"--max_train_minutes budget of {cfg.max_train_minutes:g} min spent at step {progress.step}"
+    else:
+        return None
+    try:
+        exported = json.loads(artifact(Path(cfg.output_dir), "export_record").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return why if exported == progress.step else None
+
+
+def make_uploader(cfg: TrainConfig, log):
+    """Background Hub uploader for the exported pipeline (main process only)."""
+    from .hub import HubUploader, resolve_token
+
+    repo_id = cfg.hub_model_id or Path(cfg.output_dir).resolve().name
+    return HubUploader(repo_id, resolve_token(cfg.hub_token), private=cfg.hub_private_repo,
+                       push_checkpoints=cfg.push_checkpoints, log=log)
+
+
+__all__ = ["ARTIFACTS", "artifact", "check_output_dir", "clear_run", "export_pipeline",
+           "finished_run", "git_commit", "hub_patterns", "make_uploader", "run_holds_training", "run_info",
+           "scrubbed_command", "write_run_records"]
