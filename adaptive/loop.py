@@ -3,12 +3,8 @@ thing the loop calls by name. Everything the loop works with is built by `adapti
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -17,46 +13,29 @@ import torch
 from .build import Run, run_fraction, setup
 from .checkpoint import save_checkpoint
 from .config import TrainConfig
-from .control import StopControl
 from .data import open_entries
 from .image_sampler import generate_distributed, save_grid
 from .losses import per_sample_mse, q_sample, training_target
-from .model import count_parameters
-from .rundir import (artifact, check_output_dir, export_pipeline, finished_run, make_uploader, run_info,
-                     write_run_records)
+from .rundir import artifact, check_output_dir, export_pipeline, finished_run
 from .seeding import generator, seed_for
-from .stats import JsonlWriter, tracker_config
+from .session import Session, end, main_process_logger, nothing_to_train, start_session
 from .timesteps.base import DIAGNOSTIC_BINS
-from .timesteps.report import TimestepReport, tracker_values
+from .timesteps.report import tracker_values
 
 
 def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
     """One optimizer step over this rank's micro-batches; returns (local per-sample losses [accum * B], grad norm)."""
-    cfg, acc, layout, timesteps, tables = run.cfg, run.accelerator, run.layout, run.timesteps, run.tables
-    device, rank = acc.device, acc.process_index
+    cfg, acc, layout, timesteps = run.cfg, run.accelerator, run.layout, run.timesteps
 
     # Draw this step's timesteps, loss multipliers and noise for the global batch (identical on every rank).
-    g = generator(device, cfg.seed, "step", step)
+    g = generator(acc.device, cfg.seed, "step", step)
     draw = timesteps.sample(layout.global_batch, g, step, run_fraction(run, step))  # ([G], [G])
-    noise_all = torch.randn((layout.global_batch, 3, cfg.resolution, cfg.resolution), generator=g, device=device)
-    torch.manual_seed(seed_for(cfg.seed, "dropout", rank, step))  # dropout masks: (seed, rank, step)
+    noise_all = torch.randn((layout.global_batch, 3, cfg.resolution, cfg.resolution), generator=g, device=acc.device)
+    torch.manual_seed(seed_for(cfg.seed, "dropout", acc.process_index, step))  # dropout masks: (seed, rank, step)
 
     # Evaluate the loss and accumulate gradients over this rank's micro-batches.
-    local_losses, local_t = [], []
-    for micro, x0 in enumerate(micro_batches):
-        sl = layout.slice(micro, rank)
-        t, m = timesteps.take(draw, x0, sl, generator(device, cfg.seed, "t", step, micro, rank))  # [B], [B]
-        noise, sa, s1 = noise_all[sl], tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]
-        with acc.accumulate(run.model):
-            x_t = q_sample(x0, noise, sa, s1)  # [B, 3, S, S]
-            if cfg.channels_last:
-                x_t = x_t.contiguous(memory_format=torch.channels_last)
-            pred = run.model(x_t, t).sample
-            loss_b = tables.weight[t] * per_sample_mse(pred, training_target(cfg.prediction_type, x0, noise, sa, s1))
-            acc.backward((m * loss_b).mean())
-        local_losses.append(loss_b.detach())
-        local_t.append(t)
-        run.stats.report_binned("loss_by_t", t * DIAGNOSTIC_BINS // cfg.ddpm_num_steps, loss_b, DIAGNOSTIC_BINS)
+    local = [micro_step(run, step, micro, x0, draw, noise_all) for micro, x0 in enumerate(micro_batches)]
+    losses, local_t = torch.cat([loss for loss, _ in local]), torch.cat([t for _, t in local])
 
     # Optimizer step (pre-clip global norm; without clipping the call only measures it), LR schedule, EMA.
     timesteps.before_update(run.unet, acc)
@@ -70,9 +49,26 @@ def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
             avg.update(run.unet)
 
     # Timestep-sampler update from the global batch.
-    losses = torch.cat(local_losses)
-    timesteps.update(*gather_global_batch(acc, layout, torch.cat(local_t), losses), grad_norm=grad_norm)
+    timesteps.update(*gather_global_batch(acc, layout, local_t, losses), grad_norm=grad_norm)
     return losses, grad_norm
+
+
+def micro_step(run: Run, step: int, micro: int, x0: torch.Tensor, draw, noise_all: torch.Tensor):
+    """Forward and backward of one micro-batch x0 [B, 3, S, S] (uint8 -> [-1, 1] already); returns its per-sample
+    objective losses w(t) MSE_t [B] (detached) and timesteps [B]."""
+    cfg, acc, tables = run.cfg, run.accelerator, run.tables
+    sl = run.layout.slice(micro, acc.process_index)
+    t, m = run.timesteps.take(draw, x0, sl, generator(acc.device, cfg.seed, "t", step, micro, acc.process_index))
+    noise, sa, s1 = noise_all[sl], tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]
+    with acc.accumulate(run.model):
+        x_t = q_sample(x0, noise, sa, s1)  # [B, 3, S, S]
+        if cfg.channels_last:
+            x_t = x_t.contiguous(memory_format=torch.channels_last)
+        pred = run.model(x_t, t).sample
+        loss_b = tables.weight[t] * per_sample_mse(pred, training_target(cfg.prediction_type, x0, noise, sa, s1))
+        acc.backward((m * loss_b).mean())
+    run.stats.report_binned("loss_by_t", t * DIAGNOSTIC_BINS // cfg.ddpm_num_steps, loss_b, DIAGNOSTIC_BINS)
+    return loss_b.detach(), t
 
 
 def gather_global_batch(accelerator, layout, local_t: torch.Tensor, losses: torch.Tensor):
@@ -85,22 +81,6 @@ def gather_global_batch(accelerator, layout, local_t: torch.Tensor, losses: torc
         return accelerator.gather(x).view(world, layout.accum, layout.batch_size).transpose(0, 1).reshape(-1)
 
     return order(local_t), order(losses)
-
-
-@dataclass
-class Session:
-    """What one invocation of train() keeps beside the Run: records, uploader, evaluator, stop control, clocks."""
-
-    log: object
-    info: dict
-    stats_file: JsonlWriter
-    control: StopControl
-    bar: object
-    uploader: object = None
-    evaluator: object = None
-    report: TimestepReport = field(default_factory=TimestepReport)
-    window: tuple = (0.0, 0)  # (train seconds, images seen) at the start of the current log window
-    last_metrics: Optional[dict] = None  # the latest evaluation record (for the model card)
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -181,67 +161,6 @@ def every(step: int, interval: Optional[int]) -> bool:
     return bool(interval) and step % interval == 0
 
 
-def main_process_logger():
-    """print-like logging on the launcher's rank 0 only (usable before the accelerator exists)."""
-    from tqdm.auto import tqdm
-
-    launcher_rank = int(os.environ.get("RANK", "0"))
-
-    def log(msg: str) -> None:
-        if launcher_rank == 0:
-            tqdm.write(msg, file=sys.stdout)
-            sys.stdout.flush()
-
-    return log
-
-
-def nothing_to_train(run: Run, why: str, log) -> dict:
-    """A finished run rerun: nothing is trained or rewritten; with --push_to_hub the upload is retried."""
-    cfg, progress = run.cfg, run.progress
-    log(f"nothing to train: {why} and its pipeline is exported in {cfg.output_dir} (raise --max_train_steps or "
-        "--max_train_minutes to train on)")
-    if run.accelerator.is_main_process and cfg.push_to_hub:  # the upload may be what the rerun is for
-        uploader = make_uploader(cfg, log)
-        uploader.push(Path(cfg.output_dir), f"final pipeline at step {progress.step}")
-        uploader.close()
-    return {"step": progress.step, "train_seconds": progress.train_seconds, "stopped": "finished",
-            "world_size": run.accelerator.num_processes}
-
-
-def start_session(run: Run, resume_from: Optional[Path], log) -> Session:
-    """Run records, stats file (rewound to the resumed step), trackers, evaluator, uploader, stop control, bar."""
-    from tqdm.auto import tqdm
-
-    cfg, acc, progress = run.cfg, run.accelerator, run.progress
-    out, is_main = Path(cfg.output_dir), acc.is_main_process
-    stats_file = JsonlWriter(artifact(out, "stats"), is_main)
-    if resume_from is not None:
-        stats_file.truncate_after(progress.step)
-        log(f"resumed from {resume_from} at step {progress.step}")
-    elif is_main:
-        artifact(out, "stats").unlink(missing_ok=True)
-    num_params = count_parameters(run.unet)
-    info = run_info(acc, cfg, run.layout, num_params, run.data)
-    if is_main:
-        write_run_records(out, cfg, info, run.timesteps.describe())
-    uploader = make_uploader(cfg, log) if is_main and cfg.push_to_hub else None
-    evaluator = None
-    if cfg.eval_steps or cfg.eval_at_steps:
-        from .evaluation import InTrainingEvaluator
-
-        evaluator = InTrainingEvaluator(cfg, acc, run.data.images, log)
-    acc.init_trackers(cfg.tracker_project_name, config=tracker_config(cfg))
-    log(f"world_size={acc.num_processes} device={acc.device} mixed_precision={acc.mixed_precision} "
-        f"params={num_params:,} global_batch={run.layout.global_batch} (= {cfg.train_batch_size} per device x "
-        f"{acc.num_processes} processes x {cfg.gradient_accumulation_steps} accumulation) steps={run.max_steps} "
-        f"sampler={run.timesteps.name} weighting={cfg.loss_weighting}")
-    control = StopControl(acc.num_processes, cfg.max_train_minutes * 60 if cfg.max_train_minutes else None)
-    bar = tqdm(total=run.max_steps, initial=progress.step, disable=not (is_main and sys.stdout.isatty()), desc="train",
-               unit="step", dynamic_ncols=True, file=sys.stdout)
-    return Session(log, info, stats_file, control, bar, uploader, evaluator,
-                   window=(progress.train_seconds, progress.images_seen))
-
-
 def log_statistics(run: Run, session: Session) -> None:
     """Flush the step statistics (one collective, one host sync) and the timestep diagnostics to stats.jsonl, the
     trackers and the progress bar (or one line per log step when not on a terminal)."""
@@ -318,15 +237,3 @@ def publish(run: Run, session: Session, unet, message: str, grid: Optional[Path]
                     session.last_metrics)
     if session.uploader is not None:
         session.uploader.push(Path(run.cfg.output_dir), message)
-
-
-def end(run: Run, session: Session, stopped: Optional[str]) -> dict:
-    """Wait for the uploads, tear the process group down; the run's summary."""
-    if session.uploader is not None:
-        session.uploader.close(timeout=30 if stopped == "preempted" else None)
-    run.accelerator.wait_for_everyone()
-    run.accelerator.end_training()
-    summary = {"step": run.progress.step, "train_seconds": run.progress.train_seconds,
-               "stopped": session.control.reason, "world_size": run.accelerator.num_processes}
-    session.log(f"done: {json.dumps(summary)}")
-    return summary

@@ -1,0 +1,107 @@
+"""One invocation of train(): what it keeps beside the Run (records, trackers, evaluator, Hub uploader, stop control,
+progress bar, logging) - opened by `start_session`, closed by `end` - and the rerun of a finished run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .build import Run
+from .control import StopControl
+from .model import count_parameters
+from .rundir import artifact, make_uploader, run_info, write_run_records
+from .stats import JsonlWriter, tracker_config
+from .timesteps.report import TimestepReport
+
+
+@dataclass
+class Session:
+    """What one invocation of train() keeps beside the Run: records, uploader, evaluator, stop control, clocks."""
+
+    log: object
+    info: dict
+    stats_file: JsonlWriter
+    control: StopControl
+    bar: object
+    uploader: object = None
+    evaluator: object = None
+    report: TimestepReport = field(default_factory=TimestepReport)
+    window: tuple = (0.0, 0)  # (train seconds, images seen) at the start of the current log window
+    last_metrics: Optional[dict] = None  # the latest evaluation record (for the model card)
+
+
+def main_process_logger():
+    """print-like logging on the launcher's rank 0 only (usable before the accelerator exists)."""
+    from tqdm.auto import tqdm
+
+    launcher_rank = int(os.environ.get("RANK", "0"))
+
+    def log(msg: str) -> None:
+        if launcher_rank == 0:
+            tqdm.write(msg, file=sys.stdout)
+            sys.stdout.flush()
+
+    return log
+
+
+def nothing_to_train(run: Run, why: str, log) -> dict:
+    """A finished run rerun: nothing is trained or rewritten; with --push_to_hub the upload is retried."""
+    cfg, progress = run.cfg, run.progress
+    log(f"nothing to train: {why} and its pipeline is exported in {cfg.output_dir} (raise --max_train_steps or "
+        "--max_train_minutes to train on)")
+    if run.accelerator.is_main_process and cfg.push_to_hub:  # the upload may be what the rerun is for
+        uploader = make_uploader(cfg, log)
+        uploader.push(Path(cfg.output_dir), f"final pipeline at step {progress.step}")
+        uploader.close()
+    return {"step": progress.step, "train_seconds": progress.train_seconds, "stopped": "finished",
+            "world_size": run.accelerator.num_processes}
+
+
+def start_session(run: Run, resume_from: Optional[Path], log) -> Session:
+    """Run records, stats file (rewound to the resumed step), trackers, evaluator, uploader, stop control, bar."""
+    from tqdm.auto import tqdm
+
+    cfg, acc, progress = run.cfg, run.accelerator, run.progress
+    out, is_main = Path(cfg.output_dir), acc.is_main_process
+    stats_file = JsonlWriter(artifact(out, "stats"), is_main)
+    if resume_from is not None:
+        stats_file.truncate_after(progress.step)
+        log(f"resumed from {resume_from} at step {progress.step}")
+    elif is_main:
+        artifact(out, "stats").unlink(missing_ok=True)
+    num_params = count_parameters(run.unet)
+    info = run_info(acc, cfg, run.layout, num_params, run.data)
+    if is_main:
+        write_run_records(out, cfg, info, run.timesteps.describe())
+    uploader = make_uploader(cfg, log) if is_main and cfg.push_to_hub else None
+    evaluator = None
+    if cfg.eval_steps or cfg.eval_at_steps:
+        from .evaluation import InTrainingEvaluator
+
+        evaluator = InTrainingEvaluator(cfg, acc, run.data.images, log)
+    acc.init_trackers(cfg.tracker_project_name, config=tracker_config(cfg))
+    log(f"world_size={acc.num_processes} device={acc.device} mixed_precision={acc.mixed_precision} "
+        f"params={num_params:,} global_batch={run.layout.global_batch} (= {cfg.train_batch_size} per device x "
+        f"{acc.num_processes} processes x {cfg.gradient_accumulation_steps} accumulation) steps={run.max_steps} "
+        f"sampler={run.timesteps.name} weighting={cfg.loss_weighting}")
+    control = StopControl(acc.num_processes, cfg.max_train_minutes * 60 if cfg.max_train_minutes else None)
+    bar = tqdm(total=run.max_steps, initial=progress.step, disable=not (is_main and sys.stdout.isatty()), desc="train",
+               unit="step", dynamic_ncols=True, file=sys.stdout)
+    return Session(log, info, stats_file, control, bar, uploader, evaluator,
+                   window=(progress.train_seconds, progress.images_seen))
+
+
+def end(run: Run, session: Session, stopped: Optional[str]) -> dict:
+    """Wait for the uploads, tear the process group down; the run's summary."""
+    if session.uploader is not None:
+        session.uploader.close(timeout=30 if stopped == "preempted" else None)
+    run.accelerator.wait_for_everyone()
+    run.accelerator.end_training()
+    summary = {"step": run.progress.step, "train_seconds": run.progress.train_seconds,
+               "stopped": session.control.reason, "world_size": run.accelerator.num_processes}
+    session.log(f"done: {json.dumps(summary)}")
+    return summary
