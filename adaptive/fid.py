@@ -1,16 +1,22 @@
-"""Feature extraction and Frechet distance (wrapping clean-fid), KID and precision/recall.
+"""Feature extraction, reference statistics and the scores (wrapping clean-fid): the one implementation behind the
+in-training evaluator (adaptive/evaluation.py) and evaluate_fid.py, so both give the same number for the same images.
 
-Two kinds of feature network:
+Two kinds of feature network (`FeatureNet`, uint8 [N, H, W, 3] -> features [N, D]):
 - 'inception' (clean-fid's Inception-v3, FID proper): needs clean-fid's weights file (downloaded at first use, or
   pre-placed at /tmp/inception-2015-12-05.pt offline); images go through clean-fid's resizer of the chosen mode.
-- a TorchScript file (e.g. shared/eval/cifar10-proxy-features.pt): [N, 3, H, W] floats in [0, 255] -> [N, D];
-  images are fed at their own size. Its Frechet distance is a proxy, always labelled "proxy FD", never FID.
+- a TorchScript file (e.g. shared/eval/cifar10-proxy-features.pt): gets the images as its contract says, NCHW floats
+  in [0, 255] at their own size. Its Frechet distance is a proxy, always labelled "proxy FD", never FID.
+Reference statistics are built from uint8 images at the evaluated resolution (a fixed random subset, seed 0, of the
+source, through the training data pipeline) and cached by the images' content digest + the network's identity
+(which includes the mode for Inception) + the resolution.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -39,19 +45,17 @@ def feature_stats(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def kernel_inception_distance(feats1: np.ndarray, feats2: np.ndarray, num_subsets: int = 100,
                               max_subset_size: int = 1000, seed: int = 0) -> float:
-    """Unbiased MMD^2 with the cubic polynomial kernel over random subsets (Binkowski et al. 2018), as clean-fid."""
-    rng = np.random.default_rng(seed)
-    f1, f2 = np.asarray(feats1, np.float64), np.asarray(feats2, np.float64)
-    n = f1.shape[1]
-    m = min(min(len(f1), len(f2)), max_subset_size)
-    t = 0.0
-    for _ in range(num_subsets):
-        x = f2[rng.choice(len(f2), m, replace=False)]
-        y = f1[rng.choice(len(f1), m, replace=False)]
-        a = (x @ x.T / n + 1) ** 3 + (y @ y.T / n + 1) ** 3
-        b = (x @ y.T / n + 1) ** 3
-        t += (a.sum() - np.diag(a).sum()) / (m - 1) - b.sum() * 2 / m
-    return float(t / num_subsets / m)
+    """Unbiased MMD^2 with the cubic polynomial kernel over random subsets (Binkowski et al. 2018): clean-fid's
+    kernel_distance, its subsets drawn from numpy's global RNG seeded here (and restored after)."""
+    from cleanfid.fid import kernel_distance
+
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        return float(kernel_distance(np.asarray(feats1, np.float64), np.asarray(feats2, np.float64),
+                                     num_subsets=num_subsets, max_subset_size=max_subset_size))
+    finally:
+        np.random.set_state(state)
 
 
 def precision_recall(real: np.ndarray, fake: np.ndarray, k: int = 3, batch: int = 2048) -> tuple[float, float]:
@@ -127,11 +131,6 @@ class FeatureNet:
             raise ConfigError("no images to compute features of")
         return np.concatenate(out).astype(np.float64)
 
-    def as_clean_fid_extractor(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """clean-fid's custom_feat_extractor contract: float [N, 3, H, W] in [0, 255] -> features."""
-        model = self._model
-        return lambda x: model(x.to(self.device)).float()
-
 
 def _load_inception(mode: str, device: torch.device):
     from cleanfid.features import build_feature_extractor
@@ -201,45 +200,67 @@ def stats_meta(path: str | Path) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# clean-fid's image pipeline (the mode's resize, then the network) over image files or in-memory arrays.
+# Reference statistics: one pipeline, one cache.
+
+REFERENCE_SEED = 0  # the reference subset is the same for every training seed, method and script
 
 
-def files_features(files: list[str], extractor: Callable[[torch.Tensor], torch.Tensor], mode: str = "clean",
-                   device: torch.device | str = "cpu", batch_size: int = 128, num_workers: int = 0,
-                   zip_path: Optional[str | Path] = None) -> np.ndarray:
-    """Features [N, D] (float64) of image files, or of members of `zip_path`, via clean-fid's get_files_features."""
-    from cleanfid.fid import get_files_features
-
-    feats = get_files_features(list(files), extractor, num_workers=num_workers, batch_size=batch_size,
-                               device=torch.device(device), mode=mode, fdir=str(zip_path) if zip_path else None,
-                               verbose=False)
-    return feats.astype(np.float64)
+def to_resolution_uint8(x: torch.Tensor, resolution: int) -> torch.Tensor:
+    """uint8 [N, 3, H, W] -> uint8 [N, S, S, 3]: bilinear + antialias on [0, 255] floats, rounded (the training data
+    pipeline, PROTOCOL.md)."""
+    y = x.float()
+    if y.shape[-1] != resolution or y.shape[-2] != resolution:
+        y = torch.nn.functional.interpolate(y, size=(resolution, resolution), mode="bilinear", antialias=True,
+                                            align_corners=False)
+    return y.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
-def array_features(images: np.ndarray, extractor: Callable[[torch.Tensor], torch.Tensor], mode: str = "clean",
-                   device: torch.device | str = "cpu", batch_size: int = 128, num_workers: int = 0) -> np.ndarray:
-    """Features [N, D] (float64) of uint8 images [N, H, W, 3], with the same per-image pipeline as files_features."""
-    from cleanfid.fid import get_batch_features
+def reference_subset(images: torch.Tensor, num: Optional[int], resolution: int, seed: int = REFERENCE_SEED) -> torch.Tensor:
+    """A fixed random subset of `num` (None: all) of the decoded images uint8 [N, 3, H, W], at the resolution:
+    uint8 [num, S, S, 3]."""
+    num = len(images) if num is None else num
+    if num > len(images):
+        raise ConfigError(f"the reference needs {num} images but the source has {len(images)}")
+    idx = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:num]
+    return torch.cat([to_resolution_uint8(images[idx[i : i + 1000]].cpu(), resolution) for i in range(0, num, 1000)])
 
-    loader = torch.utils.data.DataLoader(_ArrayResizeDataset(np.asarray(images), mode), batch_size=batch_size,
-                                         shuffle=False, drop_last=False, num_workers=num_workers)
-    return np.concatenate([get_batch_features(b, extractor, torch.device(device)) for b in loader]).astype(np.float64)
+
+def warn_if_few(num_images: int, dim: int, what: str, log: Callable[[str], None]) -> None:
+    if num_images < dim:
+        log(f"warning: {what} has {num_images} images, fewer than the {dim} feature dimensions: its covariance is "
+            "singular and the Frechet distance unreliable")
 
 
-class _ArrayResizeDataset(torch.utils.data.Dataset):
-    """clean-fid's ResizeDataset (cleanfid/utils.py) reading uint8 [N, H, W, 3] from memory instead of files."""
+def reference_stats(ref: torch.Tensor, featnet: "FeatureNet", cache_dir: Path, source: str,
+                    log: Callable[[str], None] = print) -> dict:
+    """{'mu', 'sigma', 'feats', metadata} of reference images uint8 [N, S, S, 3], built once and cached under
+    cache_dir/reference_stats/ by (content digest, network identity, resolution)."""
+    ref = torch.as_tensor(ref)
+    digest = hashlib.sha256(ref.contiguous().numpy().tobytes()).hexdigest()
+    resolution = list(ref.shape[1:3])
+    key = json.dumps([digest, featnet.identity, resolution])
+    path = Path(cache_dir) / "reference_stats" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".npz")
+    if not path.exists():
+        t0 = time.perf_counter()
+        feats = featnet(ref)
+        warn_if_few(len(ref), feats.shape[1], f"the reference {source}", log)
+        save_stats(path, *feature_stats(feats), feats, resolution=resolution, feature_extractor=featnet.identity,
+                   feature_name=featnet.name, mode=featnet.mode, source=source, num_images=len(ref), content=digest)
+        log(f"eval: reference statistics of {len(ref)} images built in {time.perf_counter() - t0:.1f}s -> {path}")
+    return {**stats_meta(path), **load_stats(path), "name": source, "path": str(path)}
 
-    def __init__(self, images: np.ndarray, mode: str):
-        import torchvision
-        from cleanfid.resize import build_resizer
 
-        self.images, self.fn_resize = images, build_resizer(mode)
-        self.to_tensor = torchvision.transforms.ToTensor()
-
-    def __len__(self):
-        return len(self.images)
-
-    def __getitem__(self, i):
-        img = self.fn_resize(self.images[i])
-        # as ResizeDataset: ToTensor scales uint8 to [0, 1] (undone by * 255) and leaves float32 as it is
-        return self.to_tensor(np.array(img)) * 255 if img.dtype == np.uint8 else self.to_tensor(img)
+def load_reference_stats(path: str | Path, featnet: "FeatureNet", resolution: tuple[int, int]) -> dict:
+    """A saved reference (.npz with mu, sigma[, feats] and metadata), refused in one line when its metadata says it
+    was built with another network, mode or resolution."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"reference statistics {p} do not exist")
+    ref = {**stats_meta(p), **load_stats(p), "name": str(p)}
+    if ref.get("feature_extractor") not in (None, featnet.identity):
+        raise ConfigError(f"reference statistics {p} were built with {ref.get('feature_name', ref['feature_extractor'])}"
+                          f" ({ref['feature_extractor']}), not {featnet.name} ({featnet.identity})")
+    if ref.get("resolution") is not None and tuple(ref["resolution"]) != tuple(resolution):
+        raise ConfigError(f"reference statistics {p} are of {ref['resolution'][1]}x{ref['resolution'][0]} px images "
+                          f"but the evaluated images are {resolution[1]}x{resolution[0]} px")
+    return ref

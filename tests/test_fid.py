@@ -11,8 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adaptive.fid import (array_features, feature_stats, files_features, frechet_distance,
-                          kernel_inception_distance, precision_recall, save_stats)
+from adaptive.fid import feature_stats, frechet_distance, kernel_inception_distance, precision_recall, save_stats
 
 from conftest import run_cli, write_images
 
@@ -127,23 +126,43 @@ def sets(tmp_path_factory) -> dict[str, Path]:
 def _evaluate(*args: str) -> int:
     from evaluate_fid import main
 
-    return main([*map(str, args), "--num_workers", "0", "--device", "cpu"])
+    return main([*map(str, args), "--device", "cpu"])
 
 
-def test_array_and_file_pipelines_give_the_same_features(sets, extractor):
+def test_in_training_evaluation_and_evaluate_fid_give_the_same_fd_for_the_same_images(tmp_path, sets, extractor):
+    """The same generated images, network and reference (the training data at 16 px, a 24-image subset): the in-training
+    evaluator and evaluate_fid.py on the images it would save agree to 1e-6 (one pipeline, adaptive/fid.py)."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
     from PIL import Image
 
-    files = sorted(str(p) for p in sets["a"].rglob("*.png"))[:12]
-    arrays = np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files])
-    import warnings
+    from adaptive.config import PRESETS, TrainConfig
+    from adaptive.data import decode_all, open_entries
+    from adaptive.evaluation import InTrainingEvaluator
+    from adaptive.image_sampler import ddpm_sample
+    from adaptive.model import build_noise_scheduler, build_unet
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
-        net = torch.jit.load(str(extractor)).eval()
-    for mode in ("clean", "legacy_tensorflow"):
-        a = files_features(files, net, mode=mode, batch_size=5)
-        b = array_features(arrays, net, mode=mode, batch_size=5)
-        assert a.shape == (12, 16) and np.array_equal(a, b)
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "train_data_dir": str(sets["a"]), "eval_feature_extractor": str(extractor),
+                         "eval_num_images": 20, "eval_inference_steps": 3, "eval_ref_num_images": 24,
+                         "cache_dir": str(tmp_path / "cache"), "eval_at_steps": (1,)})
+    acc = SimpleNamespace(device=torch.device("cpu"), process_index=0, num_processes=1, is_main_process=True,
+                          autocast=nullcontext, main_process_first=nullcontext)
+    torch.manual_seed(0)
+    unet, sched = build_unet(cfg).eval(), build_noise_scheduler(cfg)
+    evaluator = InTrainingEvaluator(cfg, acc, decode_all(open_entries(cfg), 16), log=lambda m: None)
+    in_training = evaluator(unet, sched.config)["proxy_fd"]
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    images = ddpm_sample(unet, sched.config, [cfg.eval_seed_offset + i for i in range(20)], 3)
+    for i, img in enumerate(images.numpy()):
+        Image.fromarray(img).save(samples / f"{i:06d}.png")
+    out = tmp_path / "m.json"
+    assert _evaluate("--samples", samples, "--num_images", "20", "--feature_extractor", extractor, "--ref_dir",
+                     sets["a"], "--ref_num_images", "24", "--cache_dir", tmp_path / "cache2", "--output", out) == 0
+    m = json.loads(out.read_text())
+    assert m["proxy_fd"] == pytest.approx(in_training, rel=1e-6) and in_training > 0
+    assert m["reference_resized_from"] == [32, 32]  # the 32 px training images, resized to the samples' 16 px
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -156,7 +175,7 @@ def test_evaluate_fid_end_to_end_writes_complete_metrics(tmp_path, sets, extract
     out = tmp_path / "metrics.json"
     proc = run_cli("evaluate_fid.py", ["--samples", str(sets["a"]), "--num_images", "40", "--feature_extractor",
                                        str(extractor), "--ref_dir", str(sets["a"]), "--output", str(out),
-                                       "--cache_dir", str(tmp_path / "cache"), "--num_workers", "0", "--device", "cpu"])
+                                       "--cache_dir", str(tmp_path / "cache"), "--device", "cpu"])
     m = json.loads(out.read_text())
     assert METRIC_KEYS <= set(m) and "fid" not in m
     assert abs(m["proxy_fd"]) < 1e-6 and m["precision"] == m["recall"] == 1.0 and abs(m["kid"]) < 0.05
@@ -248,7 +267,7 @@ def test_evaluate_fid_bad_input_gives_one_line_errors(tmp_path, sets, extractor,
 
     small = write_noise(tmp_path / "small", 40, size=16)
     err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "40", "--ref_dir", small, *ext)
-    assert "16x16" in err and "32x32" in err
+    assert "16x16" in err and "32x32" in err and "only resized down" in err
 
     err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "40", *ext)
     assert "--ref_dir" in err and "Inception" in err
