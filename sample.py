@@ -23,12 +23,16 @@ from adaptive.config import ConfigError, OneLineParser
 from adaptive.attention import configure_attention
 
 GRID_IMAGES = 64
-IDENTITY_KEYS = ("model_path", "scheduler", "num_inference_steps", "seed_offset")  # what a resumed run must share
+IDENTITY_KEYS = ("model_path", "weights", "scheduler", "num_inference_steps", "seed_offset")  # a resumed run shares these
 
 
 def parse_args(argv=None):
     p = OneLineParser(prog="sample.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model_path", required=True, help="DDPMPipeline folder (a training output_dir) or Hub id")
+    p.add_argument("--model_path", required=True,
+                   help="a training output_dir (its exported pipeline, or its newest checkpoint before the export), a "
+                        "checkpoint-<step> folder, or a Hub id")
+    p.add_argument("--weights", choices=("ema", "raw"), default="ema",
+                   help="ema: the EMA U-Net (what the run exports); raw: the training weights of a checkpoint")
     p.add_argument("--output_dir", required=True, help="where images/, grid.png, samples.npz, sampling.json go")
     p.add_argument("--num_images", type=int, default=10_000, help="images to generate (indices 0 .. N-1)")
     p.add_argument("--seed_offset", type=int, default=0, help="image i is generated from seed seed_offset + i")
@@ -53,18 +57,16 @@ def check_args(args) -> None:
         raise ConfigError(f"--seed_offset must be >= 0 (got {args.seed_offset})")
 
 
-def load_pipeline(model_path: str):
-    """DDPMPipeline.from_pretrained, with a one-line error for a missing or unreadable model."""
-    from diffusers import DDPMPipeline
+def load_pipeline(model_path: str, weights: str = "ema"):
+    """adaptive.rundir.load_pipeline with Diffusers' loading bar silenced (noise on the sampling's stderr)."""
     from diffusers.utils import logging as diffusers_logging
 
+    from adaptive.rundir import load_pipeline as load
+
     was_enabled = diffusers_logging.is_progress_bar_enabled()
-    diffusers_logging.disable_progress_bar()  # "Loading pipeline components" is noise on the sampling's stderr
+    diffusers_logging.disable_progress_bar()
     try:
-        return DDPMPipeline.from_pretrained(model_path)
-    except Exception as e:  # diffusers/huggingface_hub raise many types (OSError, EnvironmentError, HTTP errors)
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"cannot load a DDPMPipeline from {model_path!r}: {msg}") from None
+        return load(model_path, weights, log=lambda m: print(m, file=sys.stderr))
     finally:
         if was_enabled:
             diffusers_logging.enable_progress_bar()
@@ -79,7 +81,8 @@ def sampling_record(args, scheduler_config) -> dict:
     if not 1 <= args.num_inference_steps <= steps_t:
         raise ConfigError(f"--num_inference_steps must be between 1 and the model's {steps_t} diffusion steps "
                           f"(got {args.num_inference_steps})")
-    return {"model_path": str(model.resolve()) if model.exists() else args.model_path, "scheduler": args.scheduler,
+    return {"model_path": str(model.resolve()) if model.exists() else args.model_path, "weights": args.weights,
+            "scheduler": args.scheduler,
             "num_inference_steps": args.num_inference_steps, "seed_offset": args.seed_offset,
             "sampler": image_sampler_label(args.scheduler), "num_train_timesteps": steps_t}
 
@@ -92,6 +95,7 @@ def check_existing(out: Path, record: dict, overwrite: bool) -> bool:
             old = json.loads(info.read_text())
         except (OSError, ValueError) as e:
             old = {"unreadable": str(e)}
+        old.setdefault("weights", "ema")  # sample sets made before --weights existed
         diff = [k for k in IDENTITY_KEYS if old.get(k) != record[k]]
         if not diff:
             return False
@@ -140,11 +144,11 @@ def generate(accelerator, unet, scheduler_config, todo: list[int], args, images_
     """This rank's contiguous share of the indices `todo`, in batches, each batch written as PNGs."""
     from tqdm.auto import tqdm
 
-    from adaptive.image_sampler import ddpm_sample, shard
+    from adaptive.image_sampler import ddpm_sample
 
     world = accelerator.num_processes
-    mine, real = shard(todo, accelerator.process_index, world)
-    mine = mine[:real]  # no padding: ranks never talk while generating
+    with accelerator.split_between_processes(todo) as mine:  # no padding: ranks never talk while generating
+        mine = list(mine)
     bar = tqdm(total=len(todo), unit="img", disable=not accelerator.is_main_process, desc="sampling", smoothing=0.1)
     for start in range(0, len(mine), args.batch_size):
         idx = mine[start : start + args.batch_size]
@@ -199,7 +203,7 @@ def run(args) -> dict:
 
     from adaptive.image_sampler import compile_for_sampling, make_scheduler
 
-    pipe = load_pipeline(args.model_path)
+    pipe = load_pipeline(args.model_path, args.weights)
     scheduler_config = make_scheduler(pipe.scheduler.config, "ddpm").config  # a DDPMScheduler config whatever was saved
     record = sampling_record(args, scheduler_config)
     out = Path(args.output_dir)

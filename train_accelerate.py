@@ -2,27 +2,57 @@
 """Train a DDPM (Diffusers UNet2DModel + DDPMScheduler) with Accelerate.
 
     accelerate launch train_accelerate.py --preset ddpm-cifar10 --output_dir runs/x
+    accelerate launch train_accelerate.py --output_dir runs/x --resume_from_checkpoint latest   # continue, same config
     accelerate launch --config_file accelerate_configs/8gpu_bf16.yaml train_accelerate.py --preset ddpm-cifar10 ...
 
-Every field of adaptive.config.TrainConfig is a flag; the preset fills the flags not given.
+Every field of adaptive.config.TrainConfig is a flag; the preset fills the flags not given. Resuming takes the run's
+saved config.json (flags given override it; model/objective changes are refused); --config FILE starts from a saved
+config; --print_config prints the resolved config and exits.
 """
 
 from __future__ import annotations
 
 import sys
 
+import json
+from pathlib import Path
+
 from adaptive.config import ConfigError, OneLineParser, add_config_arguments, resolve_config
 
 
 def parse_args(argv=None):
     parser = OneLineParser(prog="train_accelerate.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=None, help="start from a saved config (a run's config.json); flags given "
+                                                       "override it")
+    parser.add_argument("--print_config", action="store_true", help="print the resolved config (JSON) and exit")
     add_config_arguments(parser)
     return parser.parse_args(argv)
 
 
+def saved_config(args) -> dict:
+    """--config FILE, else when resuming the run's config.json (the checkpoint's, for a checkpoint path), else {}."""
+    if args.config:
+        path = Path(args.config).expanduser()
+    elif args.resume_from_checkpoint and args.resume_from_checkpoint.lower() not in ("none", "null"):
+        ckpt = Path(args.resume_from_checkpoint).expanduser()
+        path = ckpt / "config.json" if ckpt.is_dir() else Path(args.output_dir or "runs/ddpm") / "config.json"
+        if not path.is_file():
+            return {}  # nothing to continue yet: a new run with this command
+    else:
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the config {path} ({type(e).__name__})") from None
+
+
 def main(argv=None) -> int:
     try:
-        cfg = resolve_config(parse_args(argv))
+        args = parse_args(argv)
+        cfg = resolve_config(args, saved=saved_config(args))
+        if args.print_config:
+            print(cfg.to_json())
+            return 0
         from adaptive.loop import train
 
         train(cfg)

@@ -2,7 +2,7 @@
 
 Layout of `output_dir/checkpoint-<step>/`: Accelerate's files (model.safetensors, optimizer.bin, scheduler.bin,
 scaler.pt, random_states_<rank>.pkl for EVERY rank), ours (TrainState: training_state.pt with the progress, timestep
-sampler and EMA counters; ema.safetensors), the run's config.json, and manifest.json (size + sha256 of every file),
+sampler and EMA counters; unet_ema/, the EMA U-Net in save_pretrained layout), the run's config.json, and manifest.json (size + sha256 of every file),
 written last. A folder without a valid manifest is not a checkpoint. Nothing is loaded with pickle code execution:
 safetensors, and torch.load(weights_only=True) for the rest (Accelerate's own loader uses weights_only=True too).
 """
@@ -25,7 +25,8 @@ from .config import MODEL_KEYS, ConfigError
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 MANIFEST = "manifest.json"  # size + sha256 of every file; written last
 STATE_FILE = "training_state.pt"  # TrainState: progress, timestep sampler, EMA counters
-EMA_FILE = "ema.safetensors"  # the EMA weights
+EMA_DIR = "unet_ema"  # the EMA U-Net, UNet2DModel.save_pretrained layout (any Diffusers tool loads it)
+EMA_FILE = "ema.safetensors"  # the EMA weights in checkpoints written before unet_ema/ (read only)
 CONFIG_FILE = "config.json"  # the resolved config the checkpoint was trained with
 MODEL_FILE = "model.safetensors"  # Accelerate's copy of the training weights
 
@@ -73,25 +74,29 @@ class TrainState:
             self.phema.load_state_dict(s["phema"])
 
     def save(self, folder: Path) -> None:
-        from safetensors.torch import save_file
-
         save_object_state(Path(folder) / STATE_FILE, self.state_dict())
         if self.ema is not None:
-            sd = {k: v.detach().contiguous() for k, v in self.ema.model.state_dict().items()}
-            save_file(sd, str(Path(folder) / EMA_FILE))
+            self.ema.model.save_pretrained(Path(folder) / EMA_DIR, safe_serialization=True)
 
     def load(self, folder: Path) -> None:
-        from safetensors.torch import load_file
-
         self.load_state_dict(load_object_state(Path(folder) / STATE_FILE))
         if self.ema is not None:
-            self.ema.model.load_state_dict(load_file(str(Path(folder) / EMA_FILE)))
+            self.ema.model.load_state_dict(load_ema_weights(Path(folder)))
 
     def register(self, accelerator) -> None:
         """accelerator.save_state / load_state then carry this state (the main process writes it)."""
         accelerator.register_save_state_pre_hook(
             lambda models, weights, output_dir: self.save(output_dir) if accelerator.is_main_process else None)
         accelerator.register_load_state_pre_hook(lambda models, input_dir: self.load(input_dir))
+
+
+def load_ema_weights(folder: Path) -> dict:
+    """The EMA U-Net's state dict from a checkpoint (unet_ema/, or ema.safetensors of older checkpoints)."""
+    from safetensors.torch import load_file
+
+    new = Path(folder) / EMA_DIR / "diffusion_pytorch_model.safetensors"
+    return load_file(str(new if new.is_file() else Path(folder) / EMA_FILE))
+
 
 
 def _sha256(path: Path) -> str:

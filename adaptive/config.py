@@ -311,13 +311,27 @@ def _optional(conv):
     return parse
 
 
+def _fmt_default(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def help_text(name: str, comment: str, cls=TrainConfig) -> str:
+    """The field's comment, its default and the presets that set it otherwise."""
+    default = cls.__dataclass_fields__[name].default
+    by_preset = {p: v[name] for p, v in PRESETS.items() if name in v and v[name] != default}
+    presets = "".join(f"; {p}: {_fmt_default(v)}" for p, v in by_preset.items())
+    return f"{comment} [default {_fmt_default(default)}{presets}]".replace("%", "%%")
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls=TrainConfig) -> None:
-    """One flag per dataclass field, default None so that presets can fill the gaps."""
-    helps = field_comments(cls)
+    """One flag per dataclass field, grouped by section, default None so that presets can fill the gaps."""
+    helps, sections = field_comments(cls), field_sections(cls)
     hints = typing.get_type_hints(cls)
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for f in fields(cls):
+        group = groups.setdefault(sections[f.name], parser.add_argument_group(sections[f.name]))
         tp, optional = _base_type(hints[f.name])
-        kw: dict = dict(default=None, help=helps.get(f.name, ""))
+        kw: dict = dict(default=None, help=help_text(f.name, helps.get(f.name, ""), cls))
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(tp) is tuple:
@@ -330,15 +344,24 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls=TrainConfig) -> No
             if f.name in CHOICES:
                 kw["choices"] = list(CHOICES[f.name]) + ([EXPLICIT_NONE] if optional else [])
                 kw["metavar"] = "{" + ",".join(CHOICES[f.name]) + "}"
-        parser.add_argument(f"--{f.name}", **kw)
+        group.add_argument(f"--{f.name}", **kw)
 
 
-def resolve_config(args: argparse.Namespace, cls=TrainConfig) -> TrainConfig:
-    """Dataclass defaults <- preset <- flags that were given."""
-    preset_name = getattr(args, "preset", None) or cls.preset
+# Keys of a saved config that are never taken over: they say what this invocation should do to the folder.
+NOT_INHERITED = ("overwrite_output_dir", "resume_from_checkpoint")
+
+
+def resolve_config(args: argparse.Namespace, cls=TrainConfig, saved: typing.Optional[dict] = None) -> TrainConfig:
+    """Dataclass defaults <- preset <- a saved config (a run's config.json or --config file) <- flags that were given."""
+    saved = {k: v for k, v in (saved or {}).items() if k not in NOT_INHERITED and k not in SECRET_FIELDS}
+    unknown = sorted(set(saved) - set(cls.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"the saved config has unknown keys: {', '.join(unknown)}")
+    preset_name = getattr(args, "preset", None) or saved.get("preset") or cls.preset
     if preset_name not in PRESETS:
         raise ConfigError(f"unknown preset {preset_name!r} (choose from {', '.join(PRESETS)})")
-    values = dict(PRESETS[preset_name], preset=preset_name)
+    values = {**PRESETS[preset_name], **{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()},
+              "preset": preset_name}
     for f in fields(cls):
         v = getattr(args, f.name, None)
         if v is None:

@@ -124,7 +124,9 @@ def ddpm_sample(unet: torch.nn.Module, scheduler_config, seeds: Sequence[int], n
 
 
 def shard(seeds: Sequence[int], rank: int, world: int) -> tuple[list[int], int]:
-    """This rank's contiguous share of `seeds`, padded to equal length across ranks; returns (seeds, real count)."""
+    """This rank's contiguous share of `seeds`, padded to equal length across ranks; returns (seeds, real count).
+    Kept instead of accelerator.split_between_processes(apply_padding=True), which gives the first ranks one more
+    item: its padded shares, gathered, are not in seed order."""
     per = math.ceil(len(seeds) / world) if seeds else 0
     mine = list(seeds[rank * per : (rank + 1) * per])
     real = len(mine)

@@ -17,7 +17,8 @@ from typing import Optional
 
 import torch
 
-from .checkpoint import changed_keys, incompatible_keys, list_checkpoints, resolve_resume
+from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, find_latest, incompatible_keys, list_checkpoints,
+                         resolve_resume)
 from .config import SECRET_FIELDS, ConfigError, TrainConfig
 
 # name -> (path in output_dir, uploaded to the Hub, marks a run).  The logs folder is --logging_dir.
@@ -189,6 +190,52 @@ def finished_run(cfg: TrainConfig, progress, max_steps: int) -> Optional[str]:
     return why if exported == progress.step else None
 
 
+def load_pipeline(model_path: str, weights: str = "ema", log=print):
+    """A DDPMPipeline from anything a run leaves: an exported run folder, a checkpoint-<step> folder, a run folder
+    without an export (its newest valid checkpoint, named in the log), or a Hub id. weights 'ema' (the exported /
+    EMA U-Net) or 'raw' (the training weights of a checkpoint)."""
+    from diffusers import DDPMPipeline
+
+    p = Path(model_path).expanduser()
+    if p.is_dir():
+        exported = artifact(p, "model_index").is_file()
+        if not (exported and weights == "ema"):
+            ckpt = p if checkpoint_step(p) is not None or (p / MANIFEST).is_file() else find_latest(p, log)
+            if ckpt is None:
+                raise ConfigError(f"{p} holds no exported pipeline and no valid checkpoint-<step> folder")
+            if ckpt != p:
+                log(f"{p} has {'no export' if not exported else 'an export of the EMA weights only'}: using "
+                    f"{ckpt.name}, its newest valid checkpoint")
+            return pipeline_from_checkpoint(ckpt, weights)
+    elif weights != "ema":
+        raise ConfigError(f"--weights {weights} needs a local run or checkpoint folder, not {model_path!r}")
+    try:
+        return DDPMPipeline.from_pretrained(model_path)
+    except Exception as e:  # diffusers/huggingface_hub raise many types (OSError, EnvironmentError, HTTP errors)
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cannot load a DDPMPipeline from {model_path!r}: {msg}") from None
+
+
+def pipeline_from_checkpoint(ckpt: Path, weights: str = "ema"):
+    """DDPMPipeline(U-Net with the checkpoint's EMA or training weights, the run's noise schedule)."""
+    from diffusers import DDPMPipeline
+    from safetensors.torch import load_file
+
+    from .checkpoint import MODEL_FILE, load_ema_weights, read_config, verify_checkpoint
+    from .model import build_noise_scheduler, build_unet
+
+    reason = verify_checkpoint(ckpt)
+    if reason is not None:
+        raise ConfigError(f"{ckpt} is not a valid checkpoint: {reason}")
+    cfg = TrainConfig.from_dict({k: v for k, v in read_config(ckpt).items() if k in TrainConfig.__dataclass_fields__})
+    if weights == "ema" and not cfg.use_ema:
+        raise ConfigError(f"{ckpt} was trained without EMA; use --weights raw")
+    unet = build_unet(cfg)
+    state = load_ema_weights(ckpt) if weights == "ema" else load_file(str(ckpt / MODEL_FILE))
+    unet.load_state_dict(state)
+    return DDPMPipeline(unet=unet.eval(), scheduler=build_noise_scheduler(cfg))
+
+
 def make_uploader(cfg: TrainConfig, log):
     """Background Hub uploader for the exported pipeline (main process only)."""
     from .hub import HubUploader, resolve_token
@@ -199,5 +246,6 @@ def make_uploader(cfg: TrainConfig, log):
 
 
 __all__ = ["ARTIFACTS", "artifact", "check_output_dir", "clear_run", "export_pipeline",
-           "finished_run", "git_commit", "hub_patterns", "make_uploader", "run_holds_training", "run_info",
+           "finished_run", "git_commit", "hub_patterns", "load_pipeline", "make_uploader", "pipeline_from_checkpoint",
+           "run_holds_training", "run_info",
            "scrubbed_command", "write_run_records"]

@@ -165,3 +165,42 @@ def test_compiled_sampling_gives_the_eager_images(model_path, batch4, tmp_path, 
     diff = np.abs(eager.astype(int) - compiled.astype(int))
     assert diff.max() <= 2 and diff.mean() < 0.05, (diff.max(), diff.mean())
     assert json.loads((out / "sampling.json").read_text())["compile"] is True
+
+
+@pytest.mark.slow
+def test_sample_from_a_checkpoint_or_a_run_left_before_its_export(tmp_path, image_folder):
+    """A checkpoint holds the EMA U-Net in save_pretrained layout; sample.py takes a checkpoint folder (EMA or raw
+    weights) or a run folder without an export (its newest valid checkpoint, said on stderr), with the images of the
+    equivalent DDPMPipeline."""
+    from diffusers import DDPMPipeline, UNet2DModel
+    from safetensors.torch import load_file
+
+    from conftest import tiny_args
+
+    run = tmp_path / "run"
+    run_cli("train_accelerate.py", tiny_args(image_folder, run, "--max_train_steps", "4", "--checkpointing_steps", "2",
+                                             "--save_images_steps", "none"))
+    exported = DDPMPipeline.from_pretrained(run)
+    ema = UNet2DModel.from_pretrained(run / "checkpoint-4" / "unet_ema")  # any Diffusers tool loads it
+    for k, v in exported.unet.state_dict().items():
+        assert torch.equal(v, ema.state_dict()[k]), k
+    ref = run_cli("sample.py", ["--model_path", str(run), "--output_dir", str(tmp_path / "export"), "--num_images", "2",
+                                "--num_inference_steps", "3", "--mixed_precision", "no"])
+    for name in ("model_index.json", "unet", "scheduler", "export.json"):  # as if preempted before the export
+        target = run / name
+        target.unlink() if target.is_file() else __import__("shutil").rmtree(target)
+    proc = run_cli("sample.py", ["--model_path", str(run), "--output_dir", str(tmp_path / "ckpt"), "--num_images", "2",
+                                 "--num_inference_steps", "3", "--mixed_precision", "no"])
+    assert "checkpoint-4, its newest valid checkpoint" in proc.stderr and ref.returncode == 0
+    assert all(np.array_equal(a, b) for a, b in zip(_pngs(tmp_path / "export").values(), _pngs(tmp_path / "ckpt").values()))
+    raw = tmp_path / "raw"
+    run_cli("sample.py", ["--model_path", str(run / "checkpoint-2"), "--weights", "raw", "--output_dir", str(raw),
+                          "--num_images", "2", "--num_inference_steps", "3", "--mixed_precision", "no"])
+    assert json.loads((raw / "sampling.json").read_text())["weights"] == "raw"
+    from adaptive.rundir import load_pipeline
+
+    pipe = load_pipeline(str(run / "checkpoint-2"), "raw")
+    weights = load_file(str(run / "checkpoint-2" / "model.safetensors"))
+    assert all(torch.equal(v, weights[k]) for k, v in pipe.unet.state_dict().items())
+    proc = run_cli("sample.py", ["--model_path", str(tmp_path), "--output_dir", str(tmp_path / "x")], check=False)
+    assert proc.returncode == 2 and "no exported pipeline and no valid checkpoint" in proc.stderr

@@ -26,6 +26,8 @@ from accelerate import Accelerator  # noqa: E402
 from accelerate.state import PartialState  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from adaptive.checkpoint import load_ema_weights  # noqa: E402
+
 import train_accelerate  # noqa: E402
 
 METHODS = {
@@ -87,7 +89,7 @@ def record(out: Path) -> dict:
     """The state of the run's final checkpoint, as hashes and sums."""
     ckpt = out / f"checkpoint-{STEPS}"
     model = load_file(str(ckpt / "model.safetensors"))
-    ema = load_file(str(ckpt / "ema.safetensors"))
+    ema = load_ema_weights(ckpt)
     opt = torch.load(ckpt / "optimizer.bin", weights_only=True)["state"]
     opt = {f"{i}/{k}": v for i, s in opt.items() for k, v in s.items()}
     state = torch.load(ckpt / "training_state.pt", weights_only=True)
