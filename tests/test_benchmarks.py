@@ -167,6 +167,32 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path):
     assert "Sections measured separately" in (out / "README.md").read_text()
 
 
+def test_throughput_training_plan_and_flags_choose_kinds_batch_precision_and_reference(monkeypatch):
+    import throughput as tp
+
+    # defaults as before: no compilation of ddpm-cifar10 on a CPU, the fp32 conventional loop is the reference
+    assert tp.train_plan(tp.parse_args([]), "ddpm-cifar10") == (16, ["train-ours", "train-conventional"], "train-conventional")
+    assert tp.train_plan(tp.parse_args([]), "cpu-tiny")[1] == ["train-ours", "train-ours-compile", "train-conventional"]
+    gpu = tp.parse_args(["--train_batch", "128", "--mixed_precision", "bf16", "--train_kinds", "train-ours-compile",
+                         "train-conventional-bf16"])
+    assert tp.train_plan(gpu, "ddpm-cifar10") == (128, ["train-ours-compile", "train-conventional-bf16"],
+                                                  "train-conventional-bf16")
+    only_ours = tp.parse_args(["--train_kinds", "train-ours-compile"])
+    assert tp.train_plan(only_ours, "ddpm-cifar10")[2] == "train-ours-compile"
+    # --mixed_precision reaches every worker of ours (after it, an ablation's own precision wins), never the reference
+    calls = []
+    monkeypatch.setattr(tp, "run_worker", lambda kind, preset, data, batch, args, extra=(): calls.append((kind, batch, list(extra)))
+                        or {"img_per_s": 1.0, "windows": [1.0], "peak_memory_mb": 1.0, "mixed_precision": "x",
+                            "first_call_seconds": 0.0, "device": "cpu", "threads": 1})
+    tp.side_by_side(["train-ours", "train-ours-fp32", "train-conventional-bf16"], "train-conventional-bf16",
+                    "ddpm-cifar10", Path("."), 128, gpu, 1)
+    assert calls == [("train-ours", 128, ["--mixed_precision", "bf16"]),
+                     ("train-ours", 128, ["--mixed_precision", "bf16", "--mixed_precision", "no"]),
+                     ("train-conventional-bf16", 128, [])]
+    with pytest.raises(SystemExit):
+        tp.parse_args(["--train_kinds", "train-mine"])
+
+
 def test_attention_kernels_quick_mode_times_every_variant_and_restores_the_constants(tmp_path):
     import adaptive.attention as attention
     import attention_kernels as ak
@@ -232,3 +258,4 @@ def test_gpu_protocol_script_runs_end_to_end_and_resumes(tmp_path):
     rerun = run(METHODS="adaptive")
     assert "nothing to train" in rerun.stdout and "sampled 0 images (8 already there)" in rerun.stdout
     assert weights.stat().st_mtime_ns == before
+
