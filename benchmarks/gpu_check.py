@@ -284,8 +284,8 @@ def readme(summary: dict) -> str:
         fd = f"{label} {r['fd']:.3f}" if r["fd"] is not None else "not evaluated (" + section_note(summary, f"eval-{m}") + ")"
         L.append(f"| {m} | {fmt(r['budget_minutes'], 2)} | {r['steps']} | {r['train_seconds']:.0f} | {r['img_per_s']:.0f} | "
                  f"{fd} | {r['eval_images']} x {r['eval_steps']} | {r['feature_extractor']} |")
-    L += ["", "A few minutes of training are a check that the GPU paths run, not a comparison of the methods: the "
-          "learning-rate warm-up of the preset is not over and one seed says nothing about the spread."]
+    L += ["", "Training this short is a check that the GPU paths run, not a comparison of the methods: the preset's "
+          "learning-rate warm-up is not over and one seed says nothing about the spread."]
     return "\n".join(L) + "\n"
 
 
