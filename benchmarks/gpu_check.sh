@@ -63,8 +63,10 @@ done
 $PYTHON benchmarks/gpu_check.py check "$PRESET" "$PRECISION" $METHODS
 
 mkdir -p "$OUT" "$WORK"
-rm -f "$OUT/sections.jsonl" "$OUT/fallback.json"
-exec > >(tee -a "$OUT/log.txt") 2>&1
+# An earlier run's results must not stand in for a section that fails this time.
+rm -rf "$OUT/throughput" "$OUT/memory" "$OUT/train" "$OUT/eval" "$WORK/train" "$WORK/samples"
+rm -f "$OUT"/{sections.jsonl,fallback.json,summary.json,README.md,env.json,gpu_check.png}
+exec > >(tee "$OUT/log.txt") 2>&1
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 GPU_CHECK_COMMAND="bash benchmarks/gpu_check.sh" $SETTINGS
 START=$SECONDS
 FAILED=0

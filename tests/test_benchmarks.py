@@ -181,9 +181,13 @@ def test_throughput_training_plan_and_flags_choose_kinds_batch_precision_and_ref
     assert tp.train_plan(only_ours, "ddpm-cifar10")[2] == "train-ours-compile"
     # --mixed_precision reaches every worker of ours (after it, an ablation's own precision wins), never the reference
     calls = []
-    monkeypatch.setattr(tp, "run_worker", lambda kind, preset, data, batch, args, extra=(): calls.append((kind, batch, list(extra)))
-                        or {"img_per_s": 1.0, "windows": [1.0], "peak_memory_mb": 1.0, "mixed_precision": "x",
-                            "first_call_seconds": 0.0, "device": "cpu", "threads": 1})
+
+    def fake_worker(kind, preset, data, batch, args, extra=()):
+        calls.append((kind, batch, list(extra)))
+        return {"img_per_s": 1.0, "windows": [1.0], "peak_memory_mb": 1.0, "mixed_precision": "x",
+                "first_call_seconds": 0.0, "device": "cpu", "threads": 1}
+
+    monkeypatch.setattr(tp, "run_worker", fake_worker)
     tp.side_by_side(["train-ours", "train-ours-fp32", "train-conventional-bf16"], "train-conventional-bf16",
                     "ddpm-cifar10", Path("."), 128, gpu, 1)
     assert calls == [("train-ours", 128, ["--mixed_precision", "bf16"]),
@@ -354,9 +358,12 @@ def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
     assert "| uniform | 0.05 |" in table and "| adaptive | 0.05 |" in table and table.count("proxy FD ") >= 2
     assert (out / "gpu_check.png").stat().st_size > 1000 and (out / "nvidia-smi.txt").exists()
     assert (out / "log.txt").exists() and (out / "throughput" / "eager" / "results.json").exists()
-    # past the deadline every section is skipped and named so, and the exit status says so
-    late = run(OUT=str(tmp_path / "late"), WORK=str(tmp_path / "late-work"), TOTAL_SECONDS="1")
+    # past the deadline every section is skipped and named so, and the exit status says so; the same OUT and WORK
+    # again: nothing of the first run stands in for what was not measured this time
+    late = run(TOTAL_SECONDS="1", DATA=str(work / "generated" / "images"), FEATURES=str(work / "generated" / "toy-features.pt"))
     assert late.returncode == 1 and "skipped, the deadline has passed" in late.stdout
-    assert {json.loads(l)["rc"] for l in (tmp_path / "late" / "sections.jsonl").read_text().splitlines()} == {124}
+    assert {json.loads(l)["rc"] for l in (out / "sections.jsonl").read_text().splitlines()} == {124}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["throughput"] == {} and summary["memory"] == [] and set(summary["methods"].values()) == {None}
     assert "| uniform | - | not trained | - | - | - | - | `train-uniform`: time limit after 0 s |" in \
-        (tmp_path / "late" / "README.md").read_text()
+        (out / "README.md").read_text()
