@@ -4,7 +4,8 @@ writes it, on the same model, batch and data as ours - the reference of benchmar
 What makes it conventional (all on purpose, from the example): a torch DataLoader over PIL images with per-sample
 torchvision transforms (Resize, CenterCrop, RandomHorizontalFlip, ToTensor, Normalize), the example's default of 0
 loader workers, `torch.randint` timesteps, `noise_scheduler.add_noise`, Diffusers' EMAModel, `.item()` logging every
-step, fp32, Diffusers' default attention processor.
+step, fp32 (the example's default; `mixed_precision="bf16"` is the example run with `--mixed_precision bf16`),
+Diffusers' default attention processor.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class PILImages(torch.utils.data.Dataset):
 class ConventionalLoop:
     """One object per measurement: `step()` runs one optimizer step exactly like the example's loop body."""
 
-    def __init__(self, cfg, source: Path, num_workers: int = 0):
+    def __init__(self, cfg, source: Path, num_workers: int = 0, mixed_precision: str = "no"):
         from accelerate import Accelerator
         from diffusers import DDPMScheduler, UNet2DModel
         from diffusers.optimization import get_scheduler
@@ -64,7 +65,8 @@ class ConventionalLoop:
 
         from adaptive.model import build_unet
 
-        self.accelerator = Accelerator(mixed_precision="no", gradient_accumulation_steps=1)
+        self.accelerator = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=1)
+        self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision, torch.float32)  # as the example
         model = build_unet(cfg)  # same architecture; Diffusers' default attention processor
         self.noise_scheduler = DDPMScheduler(num_train_timesteps=cfg.ddpm_num_steps, beta_schedule=cfg.ddpm_beta_schedule)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -89,7 +91,7 @@ class ConventionalLoop:
         except StopIteration:
             self.iterator = iter(self.loader)
             batch = next(self.iterator)
-        clean_images = batch["input"]
+        clean_images = batch["input"].to(self.weight_dtype)
         noise = torch.randn(clean_images.shape, dtype=clean_images.dtype, device=clean_images.device)
         bsz = clean_images.shape[0]
         timesteps = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (bsz,),

@@ -38,6 +38,11 @@ VARIANTS = {
 # CPU batch per preset for the training comparison (ddpm-cifar10's 128 would take minutes per step on a CPU).
 CPU_BATCH = {"cpu-tiny16": 128, "cpu-tiny": 128, "ddpm-cifar10": 16}
 
+# Training kinds of the side-by-side comparison. The conventional loop runs as the Diffusers example does by default
+# (fp32) or with the example's --mixed_precision bf16; the reference is the fp32 one if measured, else the bf16 one.
+TRAIN_KINDS = ("train-ours", "train-ours-compile", "train-conventional", "train-conventional-bf16")
+CONVENTIONAL_PRECISION = {"train-conventional": "no", "train-conventional-bf16": "bf16"}
+
 
 def peak_memory_mb(device) -> float:
     import torch
@@ -82,6 +87,8 @@ def worker(args) -> dict:
 
     compile_ = args.worker.endswith("-compile")
     kind = args.worker.removesuffix("-compile")
+    precision = CONVENTIONAL_PRECISION.get(kind, "no")
+    kind = "train-conventional" if kind in CONVENTIONAL_PRECISION else kind
     cfg = make_cfg(args.preset, args.data, args.batch, args.extra + (["--compile"] if compile_ and kind == "train-ours" else []))
     t_build = time.perf_counter()
     if kind == "train-ours":
@@ -94,7 +101,7 @@ def worker(args) -> dict:
     elif kind == "train-conventional":
         from conventional_loop import ConventionalLoop
 
-        loop = ConventionalLoop(cfg, args.data)
+        loop = ConventionalLoop(cfg, args.data, mixed_precision=precision)
         device, step = loop.accelerator.device, loop.step
     else:  # sampling: ours (sample.py's path) vs DDPMPipeline out of the box, same model and steps
         from diffusers import DDPMPipeline
@@ -125,7 +132,7 @@ def worker(args) -> dict:
     return {"img_per_s": statistics.median(rates), "windows": rates, "peak_memory_mb": peak_memory_mb(device),
             "build_seconds": t_build, "first_call_seconds": first, "device": str(device),
             "threads": torch.get_num_threads(),
-            "mixed_precision": "no" if kind in ("train-conventional", "sample-pipeline") else cfg.mixed_precision}
+            "mixed_precision": precision if kind in ("train-conventional", "sample-pipeline") else cfg.mixed_precision}
 
 
 def run_worker(kind: str, preset: str, data: Path, batch: int, args, extra=()) -> dict:
@@ -147,7 +154,7 @@ def side_by_side(kinds: list[str], reference: str, preset: str, data: Path, batc
     for r in range(rounds):
         for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:
             worker_kind, flags = VARIANTS.get(kind, (kind, []))
-            res[kind].append(run_worker(worker_kind, preset, data, batch, args, flags))
+            res[kind].append(run_worker(worker_kind, preset, data, batch, args, ours_flags(args, worker_kind) + flags))
     out = {}
     for kind, runs in res.items():
         windows = [w for r in runs for w in r["windows"]]
@@ -160,15 +167,32 @@ def side_by_side(kinds: list[str], reference: str, preset: str, data: Path, batc
     return out
 
 
+def ours_flags(args, worker_kind: str) -> list[str]:
+    """Training flags every worker of our loop or sampler gets (--mixed_precision); the reference kinds get none."""
+    ours = worker_kind.startswith(("train-ours", "sample-ours"))
+    return ["--mixed_precision", args.mixed_precision] if ours and getattr(args, "mixed_precision", None) else []
+
+
+def train_plan(args, preset: str) -> tuple[int, list[str], str]:
+    """(batch, kinds, reference kind) of the training comparison of one preset: --train_batch / --train_kinds, else
+    the CPU defaults (ours, compiled ours and the conventional loop; no compilation of ddpm-cifar10 or in --quick)."""
+    batch = args.train_batch or (8 if args.quick else CPU_BATCH.get(preset, 32))
+    kinds = args.train_kinds or (["train-ours", "train-conventional"] if args.quick or preset == "ddpm-cifar10" else
+                                 ["train-ours", "train-ours-compile", "train-conventional"])
+    reference = next((k for k in CONVENTIONAL_PRECISION if k in kinds), kinds[0])
+    return batch, kinds, reference
+
+
 def memory_table(data: Path, args) -> list[dict]:
-    """ddpm-cifar10: per-device batch x precision x gradient checkpointing -> peak memory and img/s (1 step windows)."""
+    """--memory_preset (ddpm-cifar10): per-device batch x precision x gradient checkpointing -> peak memory and img/s
+    (1 step windows)."""
     rows = []
     for batch in args.memory_batches:
         for mp in ("no", "bf16"):
             for ckpt in (False, True):
                 extra = ["--mixed_precision", mp] + (["--gradient_checkpointing"] if ckpt else [])
                 mini = argparse.Namespace(**{**vars(args), "warmup": 1, "windows": 1, "window_steps": 1})
-                r = run_worker("train-ours", "ddpm-cifar10", data, batch, mini, extra)
+                r = run_worker("train-ours", args.memory_preset, data, batch, mini, extra)
                 rows.append({"batch": batch, "mixed_precision": mp, "gradient_checkpointing": ckpt,
                              "peak_memory_mb": r["peak_memory_mb"], "img_per_s": r["img_per_s"], "device": r["device"]})
     return rows
@@ -251,7 +275,7 @@ def write_readme(res: dict, path: Path) -> None:
             per_block = ", ".join(f"{r:.3f}" for r in c.get("block_ratios", []))
             L.append(f"| {m} | {c['seconds_per_step']:.4f} | {c['cost_ratio']:.3f} | {per_block} |")
     if res.get("memory"):
-        L += ["", f"## Memory: ddpm-cifar10 on {res['memory'][0]['device']}", "",
+        L += ["", f"## Memory: {res.get('memory_preset', 'ddpm-cifar10')} on {res['memory'][0]['device']}", "",
               "| batch per device | precision | gradient checkpointing | peak MB | img/s |", "|---|---|---|---|---|"]
         for m in res["memory"]:
             L.append(f"| {m['batch']} | {m['mixed_precision']} | {m['gradient_checkpointing']} | "
@@ -274,6 +298,14 @@ def parse_args(argv=None):
     p.add_argument("--sample_steps", type=int, default=50)
     p.add_argument("--sample_batch", type=int, default=256)
     p.add_argument("--memory_batches", type=int, nargs="*", default=[8, 32])
+    p.add_argument("--memory_preset", default="ddpm-cifar10", help="preset of the memory table")
+    p.add_argument("--train_batch", type=int, default=None,
+                   help="batch of the training comparison (default: per preset, small enough for a CPU)")
+    p.add_argument("--train_kinds", nargs="+", choices=TRAIN_KINDS, default=None,
+                   help="kinds of the training comparison (default: ours, compiled ours except for ddpm-cifar10, "
+                        "conventional fp32); the reference is train-conventional if given, else train-conventional-bf16")
+    p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default=None,
+                   help="precision of our loop and sampler (default: the preset's); the conventional kinds keep theirs")
     p.add_argument("--no_methods", action="store_true")
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=None,
                    help="measure only these sections and merge them into --out's existing results.json")
@@ -378,12 +410,10 @@ def main(argv=None) -> int:
         write_plot(res, out / "throughput.png")
 
     for preset in args.presets if "train" in sections else []:
-        batch = 8 if args.quick else CPU_BATCH.get(preset, 32)
-        print(f"training {preset} batch {batch}: ours vs conventional", flush=True)
-        kinds = ["train-ours", "train-conventional"] if args.quick or preset == "ddpm-cifar10" else \
-            ["train-ours", "train-ours-compile", "train-conventional"]  # compiling the 35.7M U-Net on a CPU: skipped
-        res["train"][preset] = {"batch": batch, "git_commit": commit, **side_by_side(
-            kinds, "train-conventional", preset, data, batch, args, args.rounds)}
+        batch, kinds, reference = train_plan(args, preset)
+        print(f"training {preset} batch {batch}: {', '.join(kinds)}", flush=True)
+        res["train"][preset] = {"batch": batch, "git_commit": commit, "reference": reference, **side_by_side(
+            kinds, reference, preset, data, batch, args, args.rounds)}
         print("  " + ", ".join(f"{k} {res['train'][preset][k]['speedup']:.2f}x" for k in kinds), flush=True)
         save(False, "train")
     sample_presets = args.presets[:1] if args.quick else [p for p in args.presets if p != "ddpm-cifar10"]
@@ -407,8 +437,8 @@ def main(argv=None) -> int:
         res.pop("methods_source", None)
         save(False, "methods")
     if "memory" in sections and args.memory_batches:
-        print("memory table ddpm-cifar10", flush=True)
-        res["memory"] = memory_table(data, args)
+        print(f"memory table {args.memory_preset}", flush=True)
+        res["memory"], res["memory_preset"] = memory_table(data, args), args.memory_preset
         save(False, "memory")
     save(True)
     print(f"report: {out}", flush=True)

@@ -167,6 +167,36 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path):
     assert "Sections measured separately" in (out / "README.md").read_text()
 
 
+def test_throughput_training_plan_and_flags_choose_kinds_batch_precision_and_reference(monkeypatch):
+    import throughput as tp
+
+    # defaults as before: no compilation of ddpm-cifar10 on a CPU, the fp32 conventional loop is the reference
+    assert tp.train_plan(tp.parse_args([]), "ddpm-cifar10") == (16, ["train-ours", "train-conventional"], "train-conventional")
+    assert tp.train_plan(tp.parse_args([]), "cpu-tiny")[1] == ["train-ours", "train-ours-compile", "train-conventional"]
+    gpu = tp.parse_args(["--train_batch", "128", "--mixed_precision", "bf16", "--train_kinds", "train-ours-compile",
+                         "train-conventional-bf16"])
+    assert tp.train_plan(gpu, "ddpm-cifar10") == (128, ["train-ours-compile", "train-conventional-bf16"],
+                                                  "train-conventional-bf16")
+    only_ours = tp.parse_args(["--train_kinds", "train-ours-compile"])
+    assert tp.train_plan(only_ours, "ddpm-cifar10")[2] == "train-ours-compile"
+    # --mixed_precision reaches every worker of ours (after it, an ablation's own precision wins), never the reference
+    calls = []
+
+    def fake_worker(kind, preset, data, batch, args, extra=()):
+        calls.append((kind, batch, list(extra)))
+        return {"img_per_s": 1.0, "windows": [1.0], "peak_memory_mb": 1.0, "mixed_precision": "x",
+                "first_call_seconds": 0.0, "device": "cpu", "threads": 1}
+
+    monkeypatch.setattr(tp, "run_worker", fake_worker)
+    tp.side_by_side(["train-ours", "train-ours-fp32", "train-conventional-bf16"], "train-conventional-bf16",
+                    "ddpm-cifar10", Path("."), 128, gpu, 1)
+    assert calls == [("train-ours", 128, ["--mixed_precision", "bf16"]),
+                     ("train-ours", 128, ["--mixed_precision", "bf16", "--mixed_precision", "no"]),
+                     ("train-conventional-bf16", 128, [])]
+    with pytest.raises(SystemExit):
+        tp.parse_args(["--train_kinds", "train-mine"])
+
+
 def test_attention_kernels_quick_mode_times_every_variant_and_restores_the_constants(tmp_path):
     import adaptive.attention as attention
     import attention_kernels as ak
@@ -232,3 +262,108 @@ def test_gpu_protocol_script_runs_end_to_end_and_resumes(tmp_path):
     rerun = run(METHODS="adaptive")
     assert "nothing to train" in rerun.stdout and "sampled 0 images (8 already there)" in rerun.stdout
     assert weights.stat().st_mtime_ns == before
+
+
+def test_gpu_check_training_minutes_fit_before_the_deadline_and_are_equal_per_run():
+    from gpu_check import train_minutes
+
+    assert train_minutes(3600, 3.0, 2, 145) == 3.0  # time to spare: MINUTES itself
+    m = train_minutes(300, 3.0, 2, 145)  # the deadline shortens every run alike, to what still fits
+    assert m < 3.0 and 2 * m * 60 + 145 <= 300 and 2 * (m + 0.01) * 60 + 145 > 300
+    assert train_minutes(100, 3.0, 2, 145) == 0.05  # past the deadline: a token run, not a negative budget
+
+
+def test_gpu_check_report_reads_every_section_and_names_what_is_missing(tmp_path):
+    """Speed-ups from the measured img/s of both throughput runs; a section that failed or ran out of time is named
+    in its row, never filled in."""
+    import gpu_check as gc
+
+    out = tmp_path / "out"
+    for part, kinds in (("eager", {"train-ours": 300.0, "train-conventional": 100.0, "train-conventional-bf16": 150.0}),
+                        ("compile", {"train-ours-compile": 450.0})):
+        (out / "throughput" / part).mkdir(parents=True)
+        rows = {k: {"img_per_s": v, "peak_memory_mb": 1000.0, "first_call_seconds": 40.0 if "compile" in k else 1.0,
+                    "mixed_precision": "bf16", "device": "cuda:0", "speedup": 1.0} for k, v in kinds.items()}
+        (out / "throughput" / part / "results.json").write_text(json.dumps({"train": {"ddpm-cifar10": {"batch": 128, **rows}}}))
+    (out / "env.json").write_text(json.dumps({"settings": {"PRESET": "ddpm-cifar10", "METHODS": "uniform adaptive",
+                                                           "COMPILE": "1"}, "device": "NVIDIA H200", "cuda_available": True}))
+    (out / "sections.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"name": "memory", "limit_s": 45, "seconds": 55, "rc": 124},
+        {"name": "train-adaptive", "limit_s": 150, "seconds": 3, "rc": 1}]) + "\n")
+    summary = gc.summarize(out, tmp_path / "work")
+    tp = summary["throughput"]
+    assert tp["train-ours"]["vs_conventional"] == pytest.approx(3.0) and tp["train-ours"]["vs_conventional_bf16"] == pytest.approx(2.0)
+    assert tp["train-ours-compile"]["vs_conventional"] == pytest.approx(4.5)  # compiled row against the eager run's reference
+    assert summary["methods"] == {"uniform": None, "adaptive": None} and summary["memory"] == []
+    text = gc.readme(summary)
+    assert "| ours (--compile) | 128 | bf16 | 450.0 | 4.50x | 3.00x | 40.0 | 1000 |" in text
+    assert "Not measured: `memory`: time limit after 55 s" in text
+    assert "`train-adaptive`: failed (exit 1) after 3 s" in text and "`train-uniform`: not run" in text
+    assert "WARNING" not in text and "Not a GPU run" not in text
+    (out / "fallback.json").write_text(json.dumps({"data_note": "64 generated images"}))
+    assert "WARNING: GENERATED INPUTS - 64 generated images" in gc.readme(gc.summarize(out, tmp_path / "work"))
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
+    """benchmarks/gpu_check.sh as a GPU session runs it, at toy size on the CPU with generated stand-ins for the shared
+    data and feature network: every section writes its results, the training runs stop on their wall-clock budget
+    and both methods are evaluated; bad settings stop it before anything is written."""
+    import subprocess
+
+    from conftest import ROOT
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+           "SHARED": str(tmp_path / "no-shared"), "OUT": str(out), "WORK": str(work), "PRESET": "cpu-tiny16",
+           "BATCH": "4", "TP_FLAGS": "--rounds 1 --warmup 1 --windows 1 --window_steps 1", "COMPILE": "0",
+           "MINUTES": "0.05", "EVAL_IMAGES": "64", "SAMPLE_STEPS": "5", "REF_IMAGES": "64", "TOTAL_SECONDS": "1200",
+           "TP_SECONDS": "400", "MEMORY_SECONDS": "400", "REF_SECONDS": "300", "TRAIN_SLACK": "300",
+           "EVAL_SECONDS": "300", "EVAL_FLAGS": f"--cache_dir {tmp_path / 'cache'}"}
+
+    def run(**extra):
+        return subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env={**env, **extra}, capture_output=True,
+                              text=True, timeout=1200)
+
+    for bad, message in (({"BATCH": "0"}, "BATCH must be a positive integer"), ({"PRESET": "nope"}, "PRESET 'nope'"),
+                         ({"DATA": str(tmp_path / "missing.zip")}, "missing.zip does not exist")):
+        proc = run(**bad)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1
+        assert not out.exists()
+    proc = run()
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert "GENERATED stand-ins" in proc.stdout
+    sections = [json.loads(l) for l in (out / "sections.jsonl").read_text().splitlines()]
+    assert [s["name"] for s in sections] == ["throughput-eager", "memory", "eval-reference", "train-uniform",
+                                             "eval-uniform", "train-adaptive", "eval-adaptive"]
+    assert all(s["rc"] == 0 for s in sections) and len(list((tmp_path / "cache" / "reference_stats").glob("*.npz"))) == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["env"]["versions"]["torch"] and summary["env"]["git_commit"] and summary["fallback"]["features"]
+    tp = summary["throughput"]
+    assert set(tp) == {"train-ours", "train-conventional", "train-conventional-bf16"}
+    assert all(r["img_per_s"] > 0 and r["batch"] == 4 for r in tp.values())
+    assert tp["train-ours"]["mixed_precision"] == "bf16" and tp["train-conventional"]["mixed_precision"] == "no"
+    assert tp["train-conventional"]["vs_conventional"] == 1.0 and tp["train-conventional-bf16"]["mixed_precision"] == "bf16"
+    assert {(m["mixed_precision"], m["gradient_checkpointing"]) for m in summary["memory"]} == \
+        {("no", False), ("no", True), ("bf16", False), ("bf16", True)} and all(m["batch"] == 4 for m in summary["memory"])
+    for method in ("uniform", "adaptive"):
+        r = summary["methods"][method]
+        assert r["budget_minutes"] == 0.05 and r["train_seconds"] >= 3.0 and r["steps"] > 0  # stopped by the clock
+        assert r["fd_metric"] == "proxy_fd" and r["fd"] > 0 and r["eval_images"] == 64 and r["eval_steps"] == 5
+        assert json.loads((out / "train" / method / "run_info.json").read_text())["mixed_precision"] == "bf16"
+    table = (out / "README.md").read_text()
+    assert "WARNING: GENERATED INPUTS" in table and "Not a GPU run" in table
+    assert "| ours (--compile) | - | - | not measured (COMPILE=0) |" in table
+    assert "| ours (eager) | 4 | bf16 |" in table and "| conventional (--mixed_precision bf16) | 4 | bf16 |" in table
+    assert "| uniform | 0.05 |" in table and "| adaptive | 0.05 |" in table and table.count("proxy FD ") >= 2
+    assert (out / "gpu_check.png").stat().st_size > 1000 and (out / "nvidia-smi.txt").exists()
+    assert (out / "log.txt").exists() and (out / "throughput" / "eager" / "results.json").exists()
+    # past the deadline every section is skipped and named so, and the exit status says so; the same OUT and WORK
+    # again: nothing of the first run stands in for what was not measured this time
+    late = run(TOTAL_SECONDS="1", DATA=str(work / "generated" / "images"), FEATURES=str(work / "generated" / "toy-features.pt"))
+    assert late.returncode == 1 and "skipped, the deadline has passed" in late.stdout
+    assert {json.loads(l)["rc"] for l in (out / "sections.jsonl").read_text().splitlines()} == {124}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["throughput"] == {} and summary["memory"] == [] and set(summary["methods"].values()) == {None}
+    assert "| uniform | - | not trained | - | - | - | - | `train-uniform`: time limit after 0 s |" in \
+        (out / "README.md").read_text()
