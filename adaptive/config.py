@@ -127,6 +127,7 @@ class TrainConfig:
     logging_dir: str = "logs"  # tracker folder, relative to output_dir
     tracker_project_name: str = "adaptive-diffusion"  # project name given to the trackers
     logging_steps: int = 50  # optimizer steps between statistics flushes (the only per-step host syncs)
+    log_timestep_bins: bool = False  # also send the per-timestep-bin diagnostics (timesteps/...) of uniform sampling to the trackers (always for other methods; stats.jsonl has them)
     save_images_steps: typing.Optional[int] = 10_000  # optimizer steps between EMA sample grids; None = only at the end
     num_grid_images: int = 64  # images in each sample grid (fixed seeds, comparable over time)
     checkpointing_steps: typing.Optional[int] = 5_000  # optimizer steps between resumable checkpoints; None = only at the end

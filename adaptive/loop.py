@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
+from PIL import Image
 
 from .build import Run, run_fraction, setup
 from .checkpoint import save_checkpoint
@@ -20,7 +22,7 @@ from .rundir import artifact, check_output_dir, export_pipeline, finished_run
 from .seeding import generator, seed_for
 from .session import Session, end, main_process_logger, nothing_to_train, start_session
 from .timesteps.base import DIAGNOSTIC_BINS
-from .timesteps.report import tracker_values
+from .timesteps.report import log_grid, tracker_values
 
 
 def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
@@ -172,7 +174,8 @@ def log_statistics(run: Run, session: Session) -> None:
               "img_per_s": window_rate(session, progress), **values}
     session.window = (progress.train_seconds, progress.images_seen)
     session.stats_file.write(record)
-    run.accelerator.log(tracker_values(record), step=progress.step)
+    bins = run.cfg.log_timestep_bins or run.cfg.timestep_sampler != "uniform"
+    run.accelerator.log(tracker_values(record, bins), step=progress.step)
     loss = values.get("loss", math.nan)
     session.bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{record['img_per_s']:.0f}", lr=f"{record['lr']:.2e}",
                             refresh=False)
@@ -214,7 +217,9 @@ def preview(run: Run, session: Session, unet) -> Optional[Path]:
     out = Path(cfg.output_dir)
     session.report.save_heatmap(artifact(out, "heatmap"), cfg.ddpm_num_steps,
                                 f"p(t) over training - {cfg.timestep_sampler}")
-    return save_grid(images, artifact(out, "samples") / f"grid_{run.progress.step:07d}.png")
+    path = save_grid(images, artifact(out, "samples") / f"grid_{run.progress.step:07d}.png")
+    log_grid(run.accelerator, np.asarray(Image.open(path)), run.progress.step)
+    return path
 
 
 def checkpoint(run: Run, session: Session) -> None:

@@ -134,3 +134,26 @@ def test_in_training_evaluation_and_the_wall_clock_budget(tmp_path, image_folder
     assert 15 <= spent < 15 + 30  # stopped at the first step after the budget (evaluation time excluded)
     assert (out / "model_index.json").is_file() and len(list(out.glob("checkpoint-*"))) == 1
     assert "proxy FD (not FID)" in (out / "README.md").read_text()
+
+
+def test_trackers_get_the_plotted_scalars_the_sample_grids_and_timestep_bins_only_when_asked(tmp_path, image_folder):
+    """TensorBoard: loss, lr, grad_norm, img_per_s every log step and the grid as an image at --save_images_steps; the
+    per-bin diagnostics under timesteps/ for a non-uniform method (or --log_timestep_bins), not for plain uniform."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def tags(name: str, *extra: str) -> tuple[set, set]:
+        run = tmp_path / name
+        run_cli("train_accelerate.py", tiny_args(image_folder, run, "--max_train_steps", "4", "--logging_steps", "2",
+                                                 "--save_images_steps", "2", "--logger", "tensorboard", *extra))
+        acc = EventAccumulator(str(run / "logs" / "adaptive-diffusion")).Reload()  # logging_dir / project name
+        scalars, images = set(acc.Tags()["scalars"]), set(acc.Tags()["images"])
+        assert [e.step for e in acc.Images("samples")] == [2, 4] if "samples" in images else False
+        return scalars, images
+
+    scalars, images = tags("uniform")
+    assert {"loss", "lr", "grad_norm", "img_per_s"} <= scalars and "samples" in images
+    assert not any(t.startswith("timesteps/") for t in scalars) and "world_size" not in scalars
+    scalars, _ = tags("adaptive", "--timestep_sampler", "adaptive", "--adaptive_warmup_steps", "1")
+    assert {"timesteps/p_by_t_0", "timesteps/loss_scale", "timesteps/p_entropy"} <= scalars
+    scalars, _ = tags("asked", "--log_timestep_bins")
+    assert "timesteps/loss_by_t_0" in scalars and "timesteps/p_ess" in scalars

@@ -42,17 +42,31 @@ class TimestepReport:
             save_p_heatmap([s for s, _ in self.history], [p for _, p in self.history], num_timesteps, path, title=title)
 
 
-def tracker_values(record: dict) -> dict:
-    """Scalars for the trackers; per-bin lists become timesteps/<name>_<bin>."""
-    out = {}
-    for k, v in record.items():
-        if k == "step":
-            continue
-        if isinstance(v, list):
-            out.update({f"timesteps/{k}_{i}": x for i, x in enumerate(v) if x is not None})
-        elif isinstance(v, (int, float)):
-            out[k] = v
+TRACKED = ("loss", "lr", "grad_norm", "img_per_s")  # the per-step scalars people plot
+
+
+def tracker_values(record: dict, timestep_bins: bool) -> dict:
+    """Tracker scalars of a log record: loss, lr, grad_norm, img_per_s; with `timestep_bins` also the timestep
+    diagnostics under timesteps/ (per-bin lists as timesteps/<name>_<bin>). stats.jsonl keeps everything."""
+    out = {k: record[k] for k in TRACKED if isinstance(record.get(k), (int, float))}
+    if timestep_bins:
+        for k, v in record.items():
+            if k in TRACKED or k in ("step", "images", "train_seconds", "world_size"):
+                continue
+            if isinstance(v, list):
+                out.update({f"timesteps/{k}_{i}": x for i, x in enumerate(v) if x is not None})
+            elif isinstance(v, (int, float)):
+                out[f"timesteps/{k}"] = v
     return out
+
+
+def log_grid(accelerator, grid, step: int) -> None:
+    """A sample grid (uint8 [H, W, 3]) to every tracker that takes images (TensorBoard, W&B) as 'samples'."""
+    for tracker in accelerator.trackers:
+        if tracker.name == "tensorboard":
+            tracker.log_images({"samples": grid[None]}, step=step, dataformats="NHWC")
+        elif hasattr(tracker, "log_images"):
+            tracker.log_images({"samples": [grid]}, step=step)
 
 
 def save_p_heatmap(steps: Sequence[int], probs: np.ndarray, num_timesteps: int, path: str | Path,
