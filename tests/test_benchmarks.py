@@ -367,3 +367,16 @@ def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
     assert summary["throughput"] == {} and summary["memory"] == [] and set(summary["methods"].values()) == {None}
     assert "| uniform | - | not trained | - | - | - | - | `train-uniform`: time limit after 0 s |" in \
         (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_library_equivalence_quick_mode_measures_every_pair(tmp_path):
+    from conftest import run_cli
+
+    run_cli("benchmarks/library_equivalence.py", ["--quick", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert set(res["ema"]) == {"power", "ratio"} and all(v["updates"] == 5 for v in res["ema"].values())
+    # the two DDPM steps draw the same noise from the same generators: the images must agree exactly
+    assert res["ddpm_step"]["identical_images"] is True
+    assert res["forward_process"]["max_abs_difference"] < 1e-5  # float32 vs float64-built tables: rounding only
+    assert (tmp_path / "library.png").stat().st_size > 1000 and "| DDPM step" in (tmp_path / "README.md").read_text()
