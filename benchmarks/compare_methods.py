@@ -60,6 +60,21 @@ TIE = 0.01  # FDs at the budget within 1% are a tie in the grid; the earlier tra
 TRANSITION_FD = 5.0  # "the transition": the first evaluation whose FD is at or below this (blobs ~10, images ~3)
 
 
+# The ablation of `adaptive` (docs/adaptive.md), each row the method with parts switched off, cumulative from uniform.
+_UNIFORM_T = ["--adaptive_proposal", "uniform", "--no-adaptive_stratified"]
+ABLATIONS = {
+    "abl-norm-only": ["--timestep_sampler", "adaptive", "--adaptive_balance", "0", "--adaptive_balance_final", "0",
+                      *_UNIFORM_T],  # per-step loss normalisation only: configured objective, i.i.d. uniform t
+    "abl-balance": ["--timestep_sampler", "adaptive", *_UNIFORM_T],  # + the balance exponent 0.5 -> 0
+    "abl-proposal": ["--timestep_sampler", "adaptive", "--no-adaptive_stratified"],  # + the importance proposal
+    # (+ stratified draws = the full method: `adaptive`)
+    "abl-noclip": ["--timestep_sampler", "adaptive", "--max_grad_norm", "0"],
+    "abl-scale0.1": ["--timestep_sampler", "adaptive", "--adaptive_loss_scale", "0.1"],
+    "abl-scale0.3": ["--timestep_sampler", "adaptive", "--adaptive_loss_scale", "0.3"],
+    "abl-scale1": ["--timestep_sampler", "adaptive", "--adaptive_loss_scale", "1"],
+}
+
+
 def grid_name(lr: float, beta2: float) -> str:
     return f"uniform_lr{lr:g}_b2-{beta2:g}"
 
@@ -84,6 +99,7 @@ def variants(tuned: dict | None = None) -> dict[str, tuple[str, list[str]]]:
     """Every runnable name -> (the method whose measured cost ratio it uses, its train_accelerate.py flags)."""
     out = {m: (m, f) for m, f in METHODS.items()}
     out.update({n: ("uniform", f) for n, f in grid_variants().items()})
+    out.update({n: ("adaptive", f) for n, f in ABLATIONS.items()})
     for n, f in tuned_flags(tuned).items():
         out[n] = ("uniform" if n == "uniform-tuned" else n, f)
     return out
@@ -91,7 +107,7 @@ def variants(tuned: dict | None = None) -> dict[str, tuple[str, list[str]]]:
 
 def order(name: str) -> tuple[int, str]:
     """Sort key: the protocol's method order, variants after their method."""
-    base = "uniform" if name.startswith("uniform") else name
+    base = "uniform" if name.startswith("uniform") else "adaptive" if name.startswith("abl-") else name
     return (list(METHODS).index(base) if base in METHODS else len(METHODS), name)
 
 
@@ -431,7 +447,8 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
     quick = " - QUICK SMOKE TEST on generated data, numbers mean nothing" if meta.get("quick") else ""
     ref = meta.get("reference", "uniform")
     kind = {"tune": "uniform-tuned grid (development seed 0)", "claim": "CLAIM table (frozen method, claim seeds)",
-            "dev": "development table"}[meta.get("table", "dev")]
+            "dev": "development table", "ablation": "ablation of adaptive (development seeds)",
+            "calibrate": "32 px calibration"}[meta.get("table", "dev")]
     lines = [f"# Timestep methods at equal cost - CPU proxy protocol, {meta.get('preset', 'cpu-tiny16')} - {kind} "
              f"({meta['date']}){quick}", "",
              "CPU proxy FD (not FID) of the EMA model, 1,000 images, 50-step DDPM ancestral sampling, "
@@ -472,6 +489,9 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
             f"**{sel['name']}** (lr {sel['learning_rate']:g}, beta2 {sel['adam_beta2']:g}, FD at the budget "
             f"{sel['fd_at_budget']:.3f}; rule: {sel['rule']}; tied: {', '.join(sel['tied'])}) - written to "
             "`uniform_tuned.json`." if sel else "not every grid point has finished yet.")]
+    elif meta.get("table") == "ablation":
+        lines += ["", "Rows (flags beyond the default `adaptive`): " + "; ".join(
+            f"`{n}`: `{' '.join(f)}`" for n, f in ABLATIONS.items()) + ". What each part buys: docs/adaptive.md."]
     elif "adaptive" in summary:
         lines += ["", f"The bar for `adaptive` (issue: >= 2x against {ref}, best FD at the budget beyond the seed "
                   "spread, <= 2% per step), checked on this table:", "",
@@ -494,6 +514,8 @@ def parse_args(argv=None):
                    help="16: cpu-tiny16, budget 2000; 32: cpu-tiny, budget B from --calibration (PROTOCOL.md)")
     p.add_argument("--tune_uniform", action="store_true",
                    help="run PROTOCOL.md's lr x beta2 grid for uniform on development seed 0 and select uniform-tuned")
+    p.add_argument("--ablation", action="store_true",
+                   help="the ablation table of adaptive (uniform, its parts, the clipping interplay; docs/adaptive.md)")
     p.add_argument("--calibrate", action="store_true",
                    help="32 px calibration: uniform-tuned on seed 0 for 6000 steps, evaluated every 500 -> budget B")
     p.add_argument("--tuned", type=Path, default=None, help="uniform_tuned.json of a --tune_uniform table")
@@ -624,6 +646,8 @@ def make_plan(args) -> Plan:
     if args.tune_uniform:
         pl.table, methods, seeds = "tune", methods or list(grid_variants()), [TUNING_SEED]
         pl.reference = pl.reference or grid_name(2e-3, 0.999)
+    elif args.ablation:
+        pl.table, methods = "ablation", methods or ["uniform", *ABLATIONS, "adaptive"]
     elif args.calibrate:
         if args.protocol != "32" or not pl.tuned:
             raise ValueError("--calibrate needs --protocol 32 and --tuned (the 16 px uniform_tuned.json)")

@@ -116,6 +116,13 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     assert pl.preset == "cpu-tiny" and pl.points == (1000, 2000, 2500, 3000, 3500, 4000)
     tune = make_plan(parse_args(["--tune_uniform"]))
     assert tune.seeds == [0] and len(tune.methods) == 8 and tune.reference == grid_name(2e-3, 0.999)
+    abl = make_plan(parse_args(["--ablation", "--seeds", "0"]))
+    assert abl.methods[0] == "uniform" and abl.methods[-1] == "adaptive" and abl.reference == "uniform"
+    from compare_methods import ABLATIONS, variants
+
+    # every ablation row is `adaptive` with parts switched off, and shares adaptive's measured cost ratio
+    assert all(variants()[n][0] == "adaptive" and "adaptive" in variants()[n][1] for n in ABLATIONS)
+    assert ["--adaptive_proposal", "uniform", "--no-adaptive_stratified"] == ABLATIONS["abl-norm-only"][-3:]
 
 
 @pytest.mark.slow
