@@ -92,3 +92,49 @@ def test_hub_dataset_with_an_img_column(tmp_path):
     cfg = replace(cfg, image_column="picture")
     with pytest.raises(ConfigError, match="--image_column 'picture' is not a column"):
         open_entries(cfg)
+
+
+def _printed_config(capsys, *argv) -> dict:
+    assert main([*map(str, argv), "--print_config"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_print_config_resolves_preset_saved_config_and_flags_in_that_order(tmp_path, capsys):
+    cfg = _printed_config(capsys, "--preset", "cpu-tiny16", "--learning_rate", "1e-3")
+    assert cfg["learning_rate"] == 1e-3 and cfg["lr_warmup_steps"] == 200 and cfg["preset"] == "cpu-tiny16"
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({**cfg, "seed": 7, "overwrite_output_dir": True}))
+    cfg = _printed_config(capsys, "--config", saved, "--lr_warmup_steps", "10")
+    assert (cfg["learning_rate"], cfg["seed"], cfg["lr_warmup_steps"], cfg["preset"]) == (1e-3, 7, 10, "cpu-tiny16")
+    assert cfg["overwrite_output_dir"] is False  # never inherited: it says what to do with the folder
+    (tmp_path / "bad.json").write_text(json.dumps({"learning_rte": 1.0}))
+    assert main(["--config", str(tmp_path / "bad.json")]) == 2
+    assert "unknown keys: learning_rte" in capsys.readouterr().err
+
+
+def test_resume_takes_the_runs_saved_config_and_flags_override_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = _printed_config(capsys, "--preset", "cpu-tiny16", "--learning_rate", "1e-3", "--output_dir", run)
+    (run / "config.json").write_text(json.dumps(saved))
+    cfg = _printed_config(capsys, "--output_dir", run, "--resume_from_checkpoint", "latest")
+    assert cfg["preset"] == "cpu-tiny16" and cfg["learning_rate"] == 1e-3 and cfg["resume_from_checkpoint"] == "latest"
+    cfg = _printed_config(capsys, "--output_dir", run, "--resume_from_checkpoint", "latest", "--max_train_steps", "9")
+    assert cfg["max_train_steps"] == 9 and cfg["learning_rate"] == 1e-3
+    # a checkpoint path brings its own config (and with it the output folder)
+    (run / "checkpoint-5").mkdir()
+    (run / "checkpoint-5" / "config.json").write_text(json.dumps({**saved, "seed": 3}))
+    cfg = _printed_config(capsys, "--resume_from_checkpoint", run / "checkpoint-5")
+    assert cfg["seed"] == 3 and cfg["output_dir"] == str(run)
+    # a new run (no config.json yet) with the same command is just a new run
+    assert _printed_config(capsys, "--output_dir", tmp_path / "new", "--resume_from_checkpoint", "latest")["preset"] == "ddpm-cifar10"
+
+
+def test_help_is_grouped_by_section_and_shows_the_presets_defaults(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = capsys.readouterr().out
+    model = text[text.index("model (UNet2DModel):"):text.index("diffusion (DDPMScheduler):")]
+    assert "--block_out_channels" in model and "cpu-tiny16: 32,64,64" in model and "--learning_rate" not in model
+    optim = text[text.index("optimisation:"):]
+    assert "--learning_rate" in optim and "[default 0.0002; cpu-tiny: 0.002; cpu-tiny16: 0.002]" in " ".join(optim.split())
