@@ -27,7 +27,11 @@ def ema_decay(num_updates: int, max_decay: float, min_decay: float = 0.0, warmup
 
 
 class EMA:
-    """An eval-mode copy of the model whose parameters track the training weights with `torch._foreach_lerp_`."""
+    """An eval-mode copy of the model whose parameters track the training weights with `torch._foreach_lerp_`.
+
+    Kept instead of diffusers' EMAModel(foreach=True) (same decay schedule): EMAModel's s - (s - p)(1 - d) differs from
+    lerp by up to 1 ulp on most updates (docs/benchmarks/library/), so switching would change every trained EMA and
+    recorded result; lerp is also exact at the first update (a copy). The eval copy doubles as the sampling model."""
 
     def __init__(self, model: torch.nn.Module, max_decay: float, min_decay: float = 0.0, warmup: str = "power",
                  inv_gamma: float = 1.0, power: float = 0.75):

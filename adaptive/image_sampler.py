@@ -34,7 +34,8 @@ def ddpm_step(sched, model_output: torch.Tensor, t: torch.Tensor, prev_t: int, s
     """x_{t-1} from x_t: DDPM ancestral step (Ho et al. 2020, eq. 7 and Algorithm 2) on a respaced schedule.
 
     The same arithmetic, in the same order, as DDPMScheduler.step for variance_type 'fixed_small' (bit-identical
-    results), but the noise is passed in, so no per-step host-to-device copy of CPU-generated noise is needed.
+    results), but the noise is passed in, so no per-step host-to-device copy of CPU-generated noise is needed. Kept
+    instead of DDPMScheduler.step: identical images, 2-3% less CPU time per sampling run (docs/benchmarks/library/).
     """
     acp = sched.alphas_cumprod
     alpha_prod_t = acp[t]

@@ -17,7 +17,10 @@ def snr(alphas_cumprod: torch.Tensor) -> torch.Tensor:
 
 
 def q_sample(x0: torch.Tensor, noise: torch.Tensor, sqrt_abar: torch.Tensor, sqrt_one_minus_abar: torch.Tensor) -> torch.Tensor:
-    """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps (Ho et al. 2020, eq. 4); coefficients are [B]."""
+    """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps (Ho et al. 2020, eq. 4); coefficients are [B].
+
+    Kept instead of DDPMScheduler.add_noise: the coefficients come from float64-built tables (add_noise takes float32
+    square roots: up to 4.8e-7 apart) and the call is faster (docs/benchmarks/library/)."""
     return sqrt_abar[:, None, None, None] * x0 + sqrt_one_minus_abar[:, None, None, None] * noise
 
 
