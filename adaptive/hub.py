@@ -4,7 +4,7 @@ One `HubUploader` per run, on the main process only. `open_repo()` runs before t
 (`whoami`) and creates the repo (`create_repo(..., private=..., exist_ok=True)`), so a missing login, a bad token or a
 repo the token cannot write is a one-line `ConfigError` before the first step. `push(output_dir, message)` returns at
 once; a single daemon worker thread commits the files `commit_files` selects (`HfApi.create_commit`, one commit per
-push; run configs go up as redacted copies). Requests made while an upload is running are coalesced: only the newest
+push; JSON files that hold local paths go up as redacted copies). Requests made while an upload is running are coalesced: only the newest
 one is kept. Failures are logged and retried with backoff; nothing is ever raised into the training loop.
 `close(timeout)` waits a bounded time; `not_uploaded()` then says what did not reach the Hub.
 
@@ -95,8 +95,9 @@ def upload_patterns(push_checkpoints: bool) -> tuple[list[str], list[str]]:
 
 
 def commit_files(folder: Path, push_checkpoints: bool) -> dict[str, object]:
-    """What a push of `folder` commits: path in the repo -> local file, or the bytes of a redacted copy (the run's
-    config.json files keep their local paths for resuming; the Hub gets them without)."""
+    """What a push of `folder` commits: path in the repo -> local file, or the bytes of a redacted copy
+    (`rundir.public_bytes`: the run's config.json files keep their local paths for resuming; the Hub gets them
+    without)."""
     from huggingface_hub.utils import filter_repo_objects
 
     from .rundir import public_bytes

@@ -7,7 +7,6 @@ Hub receives, what marks a folder as holding a run) is derived from it. Checkpoi
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import platform
@@ -20,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from .checkpoint import (CONFIG_FILE, MANIFEST, changed_keys, checkpoint_step, find_latest, incompatible_keys,
-                         list_checkpoints, resolve_resume)
+from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, find_latest, incompatible_keys, list_checkpoints,
+                         resolve_resume)
 from .config import SECRET_FIELDS, ConfigError, TrainConfig
 
 # name -> (path in output_dir, uploaded to the Hub, marks a run).  The logs folder is --logging_dir.
@@ -57,17 +56,19 @@ def hub_patterns() -> list[str]:
 
 
 def public_bytes(out: Path, rel: str) -> Optional[bytes]:
-    """The published content of the run file `out/rel` where it differs from the local one: the run's config.json and
-    each checkpoint's (they keep their local paths, resuming reads them) go up with local paths redacted. None: the
-    file goes up as it is."""
-    from .model_card import public_config
+    """The published content of the run file `out/rel` where it differs from the local one: a JSON file holding local
+    paths (the run's config.json, each checkpoint's - resuming reads their paths, so they stay in the local files) goes
+    up with them redacted (`model_card.redact_paths`). None: the file goes up as it is."""
+    from .model_card import redact_paths
 
-    if rel == ARTIFACTS["config"][0] or fnmatch.fnmatch(rel, f"checkpoint-*/{CONFIG_FILE}"):
-        config = json.loads((Path(out) / rel).read_text())
-        public = public_config(config, Path(out))
-        if public != config:
-            return json.dumps(public, indent=2, sort_keys=True).encode()
-    return None
+    if not rel.endswith(".json"):
+        return None
+    try:
+        data = json.loads((Path(out) / rel).read_text())
+    except ValueError:  # not JSON after all: nothing of ours to redact
+        return None
+    public = redact_paths(data, Path(out))
+    return None if public == data else json.dumps(public, indent=2, sort_keys=True).encode()
 
 
 # ------------------------------------------------------------------------------------------------ folder policy
