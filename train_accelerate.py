@@ -8,6 +8,8 @@
 Every field of adaptive.config.TrainConfig is a flag; the preset fills the flags not given. Resuming takes the run's
 saved config.json (flags given override it; model/objective changes are refused); --config FILE starts from a saved
 config; --print_config prints the resolved config and exits.
+Exit status: 0 done; 2 bad input (one line on stderr); 3 trained and saved locally, but the final --push_to_hub upload
+did not reach the Hub (the printed command retries it).
 """
 
 from __future__ import annotations
@@ -55,11 +57,13 @@ def main(argv=None) -> int:
             return 0
         from adaptive.loop import train
 
-        train(cfg)
+        summary = train(cfg)
     except ConfigError as e:
         print(f"train_accelerate.py: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    from adaptive.hub import EXIT_UPLOAD_FAILED
+
+    return EXIT_UPLOAD_FAILED if summary.get("hub") == "not uploaded" else 0  # trained and saved; not on the Hub
 
 
 if __name__ == "__main__":

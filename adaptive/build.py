@@ -76,6 +76,17 @@ def make_accelerator(cfg: TrainConfig):
     return accelerator
 
 
+def raise_on_every_rank(accelerator, main_error: Optional[str]) -> None:
+    """ConfigError(main_error of the main process) on every rank (one broadcast), so that no rank waits for a failed
+    one in a later collective."""
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        main_error = broadcast_object_list([main_error], from_process=0)[0]
+    if main_error:
+        raise ConfigError(main_error)
+
+
 def build_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     """AdamW (= Adam with weight decay 0, as DDPM), foreach kernels."""
     return torch.optim.AdamW([{"params": list(params), "weight_decay": cfg.adam_weight_decay}], lr=cfg.learning_rate,
@@ -109,13 +120,18 @@ def build_model(cfg: TrainConfig, device: torch.device):
     return unet, noise_scheduler, DiffusionTables.build(noise_scheduler.alphas_cumprod, cfg, device)
 
 
-def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=None) -> Run:
+def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=None,
+          main_error: Optional[str] = None) -> Run:
     """Accelerator, data on the device, model, noise schedule, timestep sampler, EMA, optimizer, LR schedule; the
-    TrainState registered with the accelerator (so save_state/load_state carry it)."""
+    TrainState registered with the accelerator (so save_state/load_state carry it). `main_error`: a check that only
+    the main process made failed (the Hub check, `rundir.connect_hub`): raised on every rank before anything is
+    written."""
     from diffusers.optimization import get_scheduler
 
     # Set up the accelerator and load the data onto the device.
     accelerator = make_accelerator(cfg)
+    if cfg.push_to_hub:
+        raise_on_every_rank(accelerator, main_error)
     cfg = replace(cfg, mixed_precision=accelerator.mixed_precision)
     device = accelerator.device
     accelerator.wait_for_everyone()  # every rank has checked its input before anything is written

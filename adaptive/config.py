@@ -136,11 +136,12 @@ class TrainConfig:
 
     # --- export, Hub, post-hoc EMA ---
     save_model_steps: typing.Optional[int] = None  # optimizer steps between DDPMPipeline exports to output_dir (always at the end)
-    push_to_hub: bool = False  # upload each export to the Hub in the background (never blocks or fails training)
+    push_to_hub: bool = False  # upload each export to the Hub in the background; token and repo are checked before the first step
     hub_model_id: typing.Optional[str] = None  # Hub repo id; None = the output_dir's folder name
     hub_token: typing.Optional[str] = None  # Hub token (else HF_TOKEN or the cached login); never written anywhere
     hub_private_repo: bool = False  # create the Hub repo private
     push_checkpoints: bool = False  # also upload training-state checkpoint-* folders (off: only the pipeline and card)
+    hub_upload_timeout: float = 300.0  # seconds the end of a run waits for its upload; then it says what is missing and exits 3
     ema_snapshots: typing.Tuple[float, ...] = ()  # sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10)
     ema_snapshot_steps: int = 5000  # optimizer steps between post-hoc EMA snapshots (output_dir/ema_snapshots/)
 
@@ -405,6 +406,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("give --max_train_steps or --num_epochs")
     if cfg.max_train_minutes is not None and cfg.max_train_minutes <= 0:
         raise ConfigError(f"--max_train_minutes must be > 0 (got {cfg.max_train_minutes})")
+    if not cfg.hub_upload_timeout > 0:
+        raise ConfigError(f"--hub_upload_timeout must be > 0 seconds (got {cfg.hub_upload_timeout})")
     if cfg.max_grad_norm < 0:
         raise ConfigError(f"--max_grad_norm must be >= 0 (got {cfg.max_grad_norm})")
     if cfg.learning_rate <= 0:

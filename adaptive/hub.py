@@ -1,15 +1,22 @@
-"""Background pushes of the exported pipeline (and optionally the training checkpoints) to the Hugging Face Hub.
+"""Pushes of the exported pipeline (and optionally the training checkpoints) to the Hugging Face Hub.
 
-One `HubUploader` per run, on the main process only. `push(output_dir, message)` returns at once; a single
-daemon worker thread creates the repo (once, honouring `private`) and calls `HfApi.upload_folder` with the
-patterns of `upload_patterns`. Requests made while an upload is running are coalesced: only the newest one is
-kept. Failures are logged and retried with exponential backoff; nothing is ever raised into the training loop.
+One `HubUploader` per run, on the main process only. `open_repo()` runs before training: it checks the token
+(`whoami`) and creates the repo (`create_repo(..., private=..., exist_ok=True)`), so a missing login, a bad token or a
+repo the token cannot write is a one-line `ConfigError` before the first step. `push(output_dir, message)` returns at
+once; a single daemon worker thread commits the files `commit_files` selects (`HfApi.create_commit`, one commit per
+push; JSON files that hold local paths go up as redacted copies). Requests made while an upload is running are coalesced: only the newest
+one is kept. Failures are logged and retried with backoff; nothing is ever raised into the training loop.
+`close(timeout)` waits a bounded time; `not_uploaded()` then says what did not reach the Hub.
+
+Timeouts and retries: huggingface_hub retries transient HTTP errors and timeouts of the preupload call and of LFS/Xet
+transfers itself (`http_backoff`: up to 5 retries, 1-8 s apart), but not the commit POST of `create_commit` (a lost
+answer could duplicate the commit) nor create_repo; the retry loop here covers those and errors that outlast the
+library's backoff. The library has no timeout for its upload calls (one shared httpx client, created with
+timeout=None; HF_HUB_DOWNLOAD_TIMEOUT and HF_HUB_ETAG_TIMEOUT cover downloads only), so the uploader gives that client
+one through the library's hook for client settings, `set_client_factory` (`use_request_timeout`).
 
 The token is never written anywhere: it is only handed to `HfApi`, and every message this module logs is scrubbed
 of it (and of anything that looks like a Hub token or a bearer credential).
-
-Note: huggingface_hub itself retries transient HTTP errors (429/5xx, timeouts) of the preupload and commit calls
-(`http_backoff`, up to 5 retries, 1-8 s apart) before an attempt counts as failed here.
 """
 
 from __future__ import annotations
@@ -21,7 +28,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-__all__ = ["resolve_token", "upload_patterns", "HubUploader"]
+from .config import ConfigError
+
+__all__ = ["EXIT_UPLOAD_FAILED", "find_token", "resolve_token", "upload_patterns", "commit_files", "HubUploader"]
+
+# Exit status of a run that trained and saved everything locally but whose final upload did not reach the Hub.
+EXIT_UPLOAD_FAILED = 3
+
+REQUEST_TIMEOUT_S = 60.0  # per connect / read / write of one HTTP request (not per call): a silent server fails it
+_CONNECT_TIMEOUT_S = 10.0
 
 _CHECKPOINT_PATTERN = "checkpoint-*/**"
 # Never published. huggingface_hub matches with fnmatch, where `*` also crosses `/`, so "*.tmp" covers every level
@@ -45,24 +60,29 @@ _NOISE_RE = re.compile(r"\s*For more information check: \S+")  # httpx's generic
 _MAX_LINE = 400
 
 
-def resolve_token(cli_token: Optional[str]) -> Optional[str]:
-    """--hub_token, else $HF_TOKEN, else huggingface_hub's cached login (`huggingface_hub.get_token()`); else None."""
+def find_token(cli_token: Optional[str]) -> tuple[Optional[str], str]:
+    """(token, where it came from) - see `resolve_token`."""
     if cli_token and cli_token.strip():
-        return cli_token.strip()
+        return cli_token.strip(), "--hub_token"
     env = os.environ.get("HF_TOKEN", "").strip()
     if env:
-        return env
+        return env, "HF_TOKEN"
     try:
         import huggingface_hub
 
-        return huggingface_hub.get_token() or None
+        return huggingface_hub.get_token() or None, "the cached login"
     except Exception:  # e.g. HF_OIDC_RESOURCE set but the exchange failed: no token rather than a crash
-        return None
+        return None, "the cached login"
+
+
+def resolve_token(cli_token: Optional[str]) -> Optional[str]:
+    """--hub_token, else $HF_TOKEN, else huggingface_hub's cached login (`huggingface_hub.get_token()`); else None."""
+    return find_token(cli_token)[0]
 
 
 def upload_patterns(push_checkpoints: bool) -> tuple[list[str], list[str]]:
-    """(allow_patterns, ignore_patterns) for `HfApi.upload_folder` on a run folder. Fresh lists on every call
-    (upload_folder extends the ignore list it is given)."""
+    """(allow_patterns, ignore_patterns) in huggingface_hub's `filter_repo_objects` syntax for a run folder. Fresh
+    lists on every call."""
     from .rundir import hub_patterns
 
     allow = hub_patterns()  # the DDPMPipeline export, its model card and the images it shows
@@ -72,6 +92,26 @@ def upload_patterns(push_checkpoints: bool) -> tuple[list[str], list[str]]:
     else:
         ignore.append(_CHECKPOINT_PATTERN)
     return allow, ignore
+
+
+def commit_files(folder: Path, push_checkpoints: bool) -> dict[str, object]:
+    """What a push of `folder` commits: path in the repo -> local file, or the bytes of a redacted copy
+    (`rundir.public_bytes`: the run's config.json files keep their local paths for resuming; the Hub gets them
+    without)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    from .rundir import public_bytes
+
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder")
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    allow, ignore = upload_patterns(push_checkpoints)
+    out: dict[str, object] = {}
+    for rel in filter_repo_objects(files, allow_patterns=allow, ignore_patterns=ignore):
+        content = public_bytes(folder, rel)
+        out[rel] = folder / rel if content is None else content
+    return out
 
 
 class _Refused(Exception):
@@ -94,6 +134,44 @@ def _is_permanent(exc: BaseException) -> bool:
     return isinstance(exc, ValueError)
 
 
+def _status(exc: BaseException) -> Optional[int]:
+    return getattr(getattr(exc, "response", None), "status_code", None)
+
+
+# ------------------------------------------------------------------------------------------------ request timeouts
+
+_timeout_s: Optional[float] = None
+
+
+def _client_with_timeout():
+    """huggingface_hub's default client, with a timeout."""
+    from huggingface_hub.utils._http import default_client_factory
+
+    client = default_client_factory()
+    client.timeout = type(client.timeout)(_timeout_s, connect=min(_CONNECT_TIMEOUT_S, _timeout_s))
+    return client
+
+
+def use_request_timeout(seconds: float) -> bool:
+    """Give every request huggingface_hub makes in this process a timeout of `seconds` (per connect / read / write),
+    through `set_client_factory`. A client factory installed by someone else is left alone (returns False)."""
+    global _timeout_s
+    try:
+        from huggingface_hub import set_client_factory
+        from huggingface_hub.utils import _http  # private module: which factory is installed now
+    except ImportError:  # pragma: no cover - huggingface_hub < 1.0
+        return False
+    if _http._GLOBAL_CLIENT_FACTORY not in (_http.default_client_factory, _client_with_timeout):
+        return False
+    if _http._GLOBAL_CLIENT_FACTORY is not _client_with_timeout or _timeout_s != seconds:
+        _timeout_s = float(seconds)
+        set_client_factory(_client_with_timeout)  # closes the shared client; the next request builds one
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ the uploader
+
+
 class HubUploader:
     """Non-blocking, coalescing, retrying uploads of a run folder to a model repo on the Hub."""
 
@@ -107,6 +185,8 @@ class HubUploader:
         retries: int = 3,
         backoff_s: float = 2.0,
         endpoint: Optional[str] = None,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        token_source: str = "--hub_token",
     ):
         from huggingface_hub import HfApi
 
@@ -115,16 +195,22 @@ class HubUploader:
         self.push_checkpoints = bool(push_checkpoints)
         self.retries = max(1, int(retries))
         self.backoff_s = max(0.0, float(backoff_s))
+        self.request_timeout_s = float(request_timeout_s)
         self._log_fn = log
+        self._has_token = bool(token)
+        self._token_source = token_source
         self._secrets = [token] if token else []
         self._api = HfApi(endpoint=endpoint, token=token)  # endpoint None: HF_ENDPOINT or huggingface.co
+        use_request_timeout(self.request_timeout_s)
 
         self._cond = threading.Condition()
         self._pending: Optional[tuple[Path, str]] = None
+        self._current: Optional[str] = None  # message of the upload in flight
+        self._failed: Optional[str] = None  # message and error of the newest finished upload, if it failed
         self._busy = False
         self._closed = False
         self._thread: Optional[threading.Thread] = None
-        self._repo_ready = False  # worker thread only
+        self._repo_ready = False
         self._pushed = 0
         self._failures = 0
 
@@ -132,7 +218,7 @@ class HubUploader:
         return (f"HubUploader(repo_id={self.repo_id!r}, private={self.private}, "
                 f"push_checkpoints={self.push_checkpoints}, pushed={self._pushed}, failures={self._failures})")
 
-    # ------------------------------------------------------------------ public API (any thread)
+    # ------------------------------------------------------------------ public API
 
     @property
     def pushed(self) -> int:
@@ -143,6 +229,26 @@ class HubUploader:
     def failures(self) -> int:
         with self._cond:
             return self._failures
+
+    def open_repo(self) -> str:
+        """Before training (caller's thread): check the token and create the repo now (exist_ok, private honoured).
+        Returns the full repo id; raises ConfigError with one scrubbed line naming the problem."""
+        what = f"--push_to_hub to {self.repo_id}"
+        if not self._has_token:
+            raise ConfigError(f"{what}: needs a Hub token: log in with `hf auth login`, set HF_TOKEN or pass "
+                              "--hub_token")
+        try:
+            me = self._api.whoami()
+        except Exception as exc:
+            raise ConfigError(self._access_error(what, exc, "checking the token")) from None
+        self._check_write_access(what, me)
+        if "/" not in self.repo_id and me.get("name"):
+            self.repo_id = f"{me['name']}/{self.repo_id}"
+        try:
+            self._create_repo()
+        except Exception as exc:
+            raise ConfigError(self._access_error(what, exc, "creating the repo")) from None
+        return self.repo_id
 
     def push(self, folder, commit_message: str) -> None:
         """Queue an upload of `folder` and return at once. While an upload runs, only the newest request waits."""
@@ -164,7 +270,9 @@ class HubUploader:
             self._log(f"hub: upload in progress; the queued push is replaced by the newer one of {request[0]}")
 
     def close(self, timeout: Optional[float] = None) -> bool:
-        """Wait for the running and queued uploads. True when all are done, False (logged) on timeout. Idempotent."""
+        """Wait at most `timeout` s for the running and queued uploads. True when none is left (uploaded or failed:
+        see `not_uploaded`), False (logged) on timeout - the daemon thread is then left behind and does not keep the
+        process alive. Idempotent."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -172,11 +280,21 @@ class HubUploader:
             thread = self._thread
         if not done:
             self._log(f"hub: close() timed out after {timeout:g}s; an upload to {self.repo_id} is still running "
-                      "in the background and may not finish")
+                      "in the background and is abandoned when the process exits")
             return False
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)  # it only has to notice `_closed` and return
         return True
+
+    def not_uploaded(self) -> Optional[str]:
+        """What the newest push did not get onto the Hub ("'<message>' (<why>)"), or None when it is there (or
+        nothing was pushed)."""
+        with self._cond:
+            if self._pending is not None:
+                return f"'{self._pending[1]}' (queued, not started)"
+            if self._busy:
+                return f"'{self._current}' (still uploading)"
+            return self._failed
 
     # ------------------------------------------------------------------ worker
 
@@ -188,18 +306,25 @@ class HubUploader:
                     return
                 folder, message = self._pending
                 self._pending = None
+                self._current = message
                 self._busy = True
+            failed = "internal error"
             try:
-                self._upload_with_retries(folder, message)
+                failed = self._upload_with_retries(folder, message)
             except BaseException as exc:  # never let anything escape the thread (threading.excepthook prints it)
-                self._log(f"hub: internal error while uploading {folder}: {self._describe(exc)}")
+                failed = self._describe(exc)
+                self._log(f"hub: internal error while uploading {folder}: {failed}")
             finally:
                 with self._cond:
+                    self._failed = None if failed is None else f"'{message}' ({failed})"
                     self._busy = False
+                    self._current = None
                     self._cond.notify_all()
 
-    def _upload_with_retries(self, folder: Path, message: str) -> None:
+    def _upload_with_retries(self, folder: Path, message: str) -> Optional[str]:
+        """None when pushed, else the last error (one line)."""
         n = self.retries
+        line = "not attempted"
         for attempt in range(1, n + 1):
             try:
                 info = self._attempt(folder, message)
@@ -209,7 +334,7 @@ class HubUploader:
                 line = self._describe(exc)
                 if _is_permanent(exc):
                     self._log(f"hub: upload of {folder} failed (attempt {attempt}/{n}, not retrying): {line}")
-                    return
+                    return f"failed, not retried: {line}"
                 if attempt < n:
                     delay = self.backoff_s * 2 ** (attempt - 1)
                     self._log(f"hub: upload attempt {attempt}/{n} failed: {line}; retrying in {delay:g}s")
@@ -221,28 +346,68 @@ class HubUploader:
                     self._pushed += 1
                 ref = getattr(info, "commit_url", None) or getattr(info, "oid", None) or "no commit info"
                 self._log(f"hub: pushed {folder} to {self.repo_id} ({ref})")
-                return
+                return None
+        return f"failed after {n} attempts: {line}"
+
+    def _create_repo(self) -> None:
+        url = self._api.create_repo(self.repo_id, private=self.private, exist_ok=True, repo_type="model")
+        self.repo_id = getattr(url, "repo_id", None) or self.repo_id
+        if self.private:
+            # create_repo(exist_ok=True) ignores `private` for a repo that already exists: never publish a run the
+            # user asked to keep private into a public repo. (repo_info's timeout=None would disable the client's.)
+            info = self._api.repo_info(self.repo_id, repo_type="model", timeout=self.request_timeout_s)
+            if getattr(info, "private", None) is False:
+                raise _Refused(f"{self.repo_id} already exists and is public, but a private repo was requested; "
+                               "make it private on the Hub or pick another repo id")
+        self._repo_ready = True
 
     def _attempt(self, folder: Path, message: str):
+        from huggingface_hub import CommitOperationAdd
+
         if not self._repo_ready:
-            self._api.create_repo(self.repo_id, private=self.private, exist_ok=True, repo_type="model")
-            if self.private:
-                # create_repo(exist_ok=True) ignores `private` for a repo that already exists: never publish a
-                # run the user asked to keep private into a public repo.
-                info = self._api.repo_info(self.repo_id, repo_type="model")
-                if getattr(info, "private", None) is False:
-                    raise _Refused(f"{self.repo_id} already exists and is public, but a private repo was requested; "
-                                   "make it private on the Hub or pick another repo id")
-            self._repo_ready = True
-        allow, ignore = upload_patterns(self.push_checkpoints)
-        return self._api.upload_folder(
-            folder_path=str(folder),
-            repo_id=self.repo_id,
-            repo_type="model",
-            commit_message=message,
-            allow_patterns=allow,
-            ignore_patterns=ignore,
-        )
+            self._create_repo()
+        operations = []
+        for rel, content in commit_files(folder, self.push_checkpoints).items():
+            try:
+                operations.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=content))
+            except ValueError:
+                if isinstance(content, Path) and not content.exists():  # rotated away meanwhile: retry the push
+                    raise FileNotFoundError(f"{content} disappeared while it was being uploaded") from None
+                raise
+        return self._api.create_commit(self.repo_id, operations, commit_message=message, repo_type="model")
+
+    # ------------------------------------------------------------------ the check before training
+
+    def _check_write_access(self, what: str, me: dict) -> None:
+        """Refuse what whoami already shows: a read-only token, a namespace the account cannot write to."""
+        access = (me.get("auth") or {}).get("accessToken") or {}
+        if access.get("role") == "read":
+            raise ConfigError(f"{what}: the token from {self._token_source} is read-only; use a token with write "
+                              "access (https://huggingface.co/settings/tokens)")
+        name, orgs = me.get("name"), me.get("orgs")
+        if "/" in self.repo_id and name and isinstance(orgs, list):
+            writable = {name} | {o.get("name") for o in orgs if isinstance(o, dict) and o.get("roleInOrg") != "read"}
+            namespace = self.repo_id.split("/")[0]
+            if namespace not in writable:
+                names = ", ".join(sorted(filter(None, writable)))
+                raise ConfigError(f"{what}: the token from {self._token_source} belongs to {name}, who cannot write "
+                                  f"to the namespace {namespace!r} (writable: {names})")
+
+    def _access_error(self, what: str, exc: BaseException, doing: str) -> str:
+        status = _status(exc)
+        if status == 401:
+            why = f"the Hub rejected the token from {self._token_source} (401 Unauthorized)"
+        elif status == 403:
+            why = f"the token from {self._token_source} is not allowed to (403 Forbidden): {self._describe(exc)}"
+        elif isinstance(exc, _Refused):
+            why = str(exc)
+        elif type(exc).__name__ == "OfflineModeIsEnabled":
+            why = "HF_HUB_OFFLINE is set; unset it to push"
+        elif status is None and not isinstance(exc, ValueError):
+            why = f"no answer from {self._api.endpoint}: {self._describe(exc)}"
+        else:
+            why = self._describe(exc)
+        return self._scrub(f"{what}: {doing} failed: {why}")
 
     # ------------------------------------------------------------------ logging
 

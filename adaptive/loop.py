@@ -18,7 +18,7 @@ from .config import TrainConfig
 from .data import open_entries
 from .image_sampler import generate_distributed, save_grid
 from .losses import per_sample_mse, q_sample, training_target
-from .rundir import artifact, check_output_dir, export_pipeline, finished_run
+from .rundir import artifact, check_output_dir, connect_hub, export_pipeline, finished_run
 from .seeding import generator, seed_for
 from .session import Session, end, main_process_logger, nothing_to_train, start_session
 from .timesteps.base import DIAGNOSTIC_BINS
@@ -89,12 +89,14 @@ def train(cfg: TrainConfig) -> dict:
     """Train as configured; returns a summary (final step, train seconds, why it stopped)."""
     log = main_process_logger()
 
-    # Check the output folder and the data source before anything starts (bad input: one line, nothing touched).
+    # Check the output folder, the data source and (main process) the Hub token and repo before anything starts
+    # (bad input: one line, nothing touched).
     resume_from = check_output_dir(cfg, log)
     entries = open_entries(cfg)
+    uploader, hub_error = connect_hub(cfg, log)
 
     # Build everything: accelerator, data, model, EMA, optimizer, LR schedule, timestep sampler.
-    run = setup(cfg, log, resume_from, entries)
+    run = setup(cfg, log, resume_from, entries, main_error=hub_error)
     cfg, acc, progress = run.cfg, run.accelerator, run.progress
 
     # Resume (or start), record the run, open the trackers, evaluator and uploader.
@@ -102,8 +104,8 @@ def train(cfg: TrainConfig) -> dict:
         acc.load_state(str(resume_from))
         why = finished_run(cfg, progress, run.max_steps)
         if why:  # every rank loaded the same state, so every rank returns here (no collective is skipped)
-            return nothing_to_train(run, why, log)
-    session = start_session(run, resume_from, log)
+            return nothing_to_train(run, why, log, uploader)
+    session = start_session(run, resume_from, log, uploader)
     sampling_unet = run.ema.model if run.ema else run.unet  # previews, evaluation and export use the EMA weights
     batches = run.data.batches(progress.step)
 

@@ -8,7 +8,9 @@ Hub receives, what marks a folder as holding a run) is derived from it. Checkpoi
 from __future__ import annotations
 
 import json
+import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,9 +50,25 @@ def run_holds_training(out: Path) -> bool:
 
 
 def hub_patterns() -> list[str]:
-    """Glob patterns of the artifacts a run publishes (upload_folder's allow_patterns)."""
+    """Glob patterns of the artifacts a run publishes (allow_patterns of huggingface_hub's filter_repo_objects)."""
     return [f"{path}/*" if name in ("unet", "scheduler") else f"{path}/*.png" if name == "samples" else path
             for name, (path, hub, _) in ARTIFACTS.items() if hub]
+
+
+def public_bytes(out: Path, rel: str) -> Optional[bytes]:
+    """The published content of the run file `out/rel` where it differs from the local one: a JSON file holding local
+    paths (the run's config.json, each checkpoint's - resuming reads their paths, so they stay in the local files) goes
+    up with them redacted (`model_card.redact_paths`). None: the file goes up as it is."""
+    from .model_card import redact_paths
+
+    if not rel.endswith(".json"):
+        return None
+    try:
+        data = json.loads((Path(out) / rel).read_text())
+    except ValueError:  # not JSON after all: nothing of ours to redact
+        return None
+    public = redact_paths(data, Path(out))
+    return None if public == data else json.dumps(public, indent=2, sort_keys=True).encode()
 
 
 # ------------------------------------------------------------------------------------------------ folder policy
@@ -132,6 +150,11 @@ def write_run_records(out: Path, cfg: TrainConfig, info: dict, timesteps: dict) 
 
 def scrubbed_command(argv: list[str]) -> str:
     """The command line with the value of --hub_token replaced by ***."""
+    return " ".join(scrubbed_argv(argv))
+
+
+def scrubbed_argv(argv: list[str]) -> list[str]:
+    """argv with the value of --hub_token replaced by ***."""
     out, hide = [], False
     secret_flags = [f"--{name}" for name in SECRET_FIELDS]
     for a in argv:
@@ -145,7 +168,25 @@ def scrubbed_command(argv: list[str]) -> str:
             out.append(a.split("=", 1)[0] + "=***")
         else:
             out.append(a)
-    return " ".join(out)
+    return out
+
+
+def rerun_command(argv: list[str]) -> str:
+    """The command that reruns this run from its latest checkpoint (for a finished run: retries its upload): the same
+    flags, token hidden, with --resume_from_checkpoint latest and without --overwrite_output_dir."""
+    args, skip = [], False
+    for a in scrubbed_argv(argv[1:]):
+        if skip:
+            skip = False
+        elif a == "--resume_from_checkpoint":
+            skip = True
+        elif a.startswith("--resume_from_checkpoint=") or a in ("--overwrite_output_dir", "--no-overwrite_output_dir"):
+            continue
+        else:
+            args.append(a)
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ
+    launcher = "accelerate launch <the same launch options>" if launched else "python"
+    return f"{launcher} {shlex.join([argv[0], *args, '--resume_from_checkpoint', 'latest'])}"
 
 
 def git_commit() -> Optional[str]:
@@ -169,7 +210,7 @@ def export_pipeline(cfg: TrainConfig, unet, noise_scheduler, progress, info: dic
 
     out = Path(cfg.output_dir)
     DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(out, safe_serialization=True)
-    write_model_card(out, cfg, progress, info, metrics)
+    write_model_card(out, cfg, progress, info, metrics, repo_id=info.get("hub_repo_id"))
     # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
     artifact(out, "export_record").write_text(json.dumps({"step": progress.step, "metrics": metrics}, indent=2))
 
@@ -236,16 +277,43 @@ def pipeline_from_checkpoint(ckpt: Path, weights: str = "ema"):
     return DDPMPipeline(unet=unet.eval(), scheduler=build_noise_scheduler(cfg))
 
 
-def make_uploader(cfg: TrainConfig, log):
-    """Background Hub uploader for the exported pipeline (main process only)."""
-    from .hub import HubUploader, resolve_token
+def connect_hub(cfg: TrainConfig, log):
+    """With --push_to_hub, on the launcher's rank 0 (before the process group exists): resolve the token, check it and
+    create the repo now, so that a missing login, a bad token or a repo it cannot write is a one-line error before the
+    first step. Returns (HubUploader, None), or (None, the error) - `setup` raises it on every rank - and (None, None)
+    on the other ranks or without --push_to_hub."""
+    from .hub import HubUploader, find_token
 
+    if not cfg.push_to_hub or int(os.environ.get("RANK", "0")) != 0:
+        return None, None
+    token, source = find_token(cfg.hub_token)
     repo_id = cfg.hub_model_id or Path(cfg.output_dir).resolve().name
-    return HubUploader(repo_id, resolve_token(cfg.hub_token), private=cfg.hub_private_repo,
-                       push_checkpoints=cfg.push_checkpoints, log=log)
+    try:
+        uploader = HubUploader(repo_id, token, private=cfg.hub_private_repo, push_checkpoints=cfg.push_checkpoints,
+                               log=log, token_source=source)
+        uploader.open_repo()
+    except ConfigError as e:
+        return None, str(e)
+    log(f"hub: pushing to {uploader.repo_id} ({'private' if cfg.hub_private_repo else 'public'}; token from {source})")
+    return uploader, None
 
 
-__all__ = ["ARTIFACTS", "artifact", "check_output_dir", "clear_run", "export_pipeline",
-           "finished_run", "git_commit", "hub_patterns", "load_pipeline", "make_uploader", "pipeline_from_checkpoint",
-           "run_holds_training", "run_info",
-           "scrubbed_command", "write_run_records"]
+def finish_uploads(uploader, cfg: TrainConfig, log, timeout: float) -> bool:
+    """Wait at most `timeout` s for the uploads. True when the newest export is on the Hub (or nothing is uploaded);
+    otherwise say what was not uploaded, that the run is complete locally, and the command that retries the upload."""
+    if uploader is None:
+        return True
+    log(f"hub: waiting for the upload to {uploader.repo_id} (at most {timeout:g} s, --hub_upload_timeout)")
+    uploader.close(timeout=timeout)
+    missing = uploader.not_uploaded()
+    if missing is None:
+        return True
+    log(f"hub: NOT uploaded to {uploader.repo_id}: {missing}. Everything is kept in {Path(cfg.output_dir).resolve()}. "
+        f"To retry the upload, run: {rerun_command(sys.argv)}")
+    return False
+
+
+__all__ = ["ARTIFACTS", "artifact", "check_output_dir", "clear_run", "connect_hub", "export_pipeline",
+           "finish_uploads", "finished_run", "git_commit", "hub_patterns", "load_pipeline", "pipeline_from_checkpoint",
+           "public_bytes", "rerun_command", "run_holds_training", "run_info", "scrubbed_argv", "scrubbed_command",
+           "write_run_records"]

@@ -13,7 +13,7 @@ from typing import Optional
 from .build import Run
 from .control import StopControl
 from .model import count_parameters
-from .rundir import artifact, make_uploader, run_info, write_run_records
+from .rundir import artifact, finish_uploads, run_info, write_run_records
 from .stats import JsonlWriter, tracker_config
 from .timesteps.report import TimestepReport
 
@@ -48,21 +48,22 @@ def main_process_logger():
     return log
 
 
-def nothing_to_train(run: Run, why: str, log) -> dict:
+def nothing_to_train(run: Run, why: str, log, uploader=None) -> dict:
     """A finished run rerun: nothing is trained or rewritten; with --push_to_hub the upload is retried."""
     cfg, progress = run.cfg, run.progress
     log(f"nothing to train: {why} and its pipeline is exported in {cfg.output_dir} (raise --max_train_steps or "
         "--max_train_minutes to train on)")
-    if run.accelerator.is_main_process and cfg.push_to_hub:  # the upload may be what the rerun is for
-        uploader = make_uploader(cfg, log)
+    uploaded = True
+    if uploader is not None:  # the upload may be what the rerun is for
         uploader.push(Path(cfg.output_dir), f"final pipeline at step {progress.step}")
-        uploader.close()
+        uploaded = finish_uploads(uploader, cfg, log, cfg.hub_upload_timeout)
     return {"step": progress.step, "train_seconds": progress.train_seconds, "stopped": "finished",
-            "world_size": run.accelerator.num_processes}
+            "world_size": run.accelerator.num_processes, **({} if uploaded else {"hub": "not uploaded"})}
 
 
-def start_session(run: Run, resume_from: Optional[Path], log) -> Session:
-    """Run records, stats file (rewound to the resumed step), trackers, evaluator, uploader, stop control, bar."""
+def start_session(run: Run, resume_from: Optional[Path], log, uploader=None) -> Session:
+    """Run records, stats file (rewound to the resumed step), trackers, evaluator, stop control, bar; keeps the Hub
+    uploader (main process, repo already checked by `rundir.connect_hub`)."""
     from tqdm.auto import tqdm
 
     cfg, acc, progress = run.cfg, run.accelerator, run.progress
@@ -75,9 +76,10 @@ def start_session(run: Run, resume_from: Optional[Path], log) -> Session:
         artifact(out, "stats").unlink(missing_ok=True)
     num_params = count_parameters(run.unet)
     info = run_info(acc, cfg, run.layout, num_params, run.data)
+    if uploader is not None:
+        info["hub_repo_id"] = uploader.repo_id  # the model card's usage snippet loads it
     if is_main:
         write_run_records(out, cfg, info, run.timesteps.describe())
-    uploader = make_uploader(cfg, log) if is_main and cfg.push_to_hub else None
     evaluator = None
     if cfg.eval_steps or cfg.eval_at_steps:
         from .evaluation import InTrainingEvaluator
@@ -96,12 +98,16 @@ def start_session(run: Run, resume_from: Optional[Path], log) -> Session:
 
 
 def end(run: Run, session: Session, stopped: Optional[str]) -> dict:
-    """Wait for the uploads, tear the process group down; the run's summary."""
-    if session.uploader is not None:
-        session.uploader.close(timeout=30 if stopped == "preempted" else None)
+    """Wait for the uploads (at most --hub_upload_timeout), tear the process group down; the run's summary ("hub":
+    "not uploaded" when a finished run's final upload did not reach the Hub)."""
+    cfg = run.cfg
+    timeout = min(30.0, cfg.hub_upload_timeout) if stopped == "preempted" else cfg.hub_upload_timeout
+    uploaded = finish_uploads(session.uploader, cfg, session.log, timeout)
     run.accelerator.wait_for_everyone()
     run.accelerator.end_training()
     summary = {"step": run.progress.step, "train_seconds": run.progress.train_seconds,
                "stopped": session.control.reason, "world_size": run.accelerator.num_processes}
+    if not uploaded and stopped != "preempted":  # preempted: the rerun trains on and uploads at its end anyway
+        summary["hub"] = "not uploaded"
     session.log(f"done: {json.dumps(summary)}")
     return summary

@@ -1,14 +1,16 @@
 """adaptive.hub against a local stand-in of the Hub's HTTP API (real huggingface_hub client, real HTTP, no internet).
 
-The stand-in implements what huggingface_hub 2.4.0 calls for `create_repo` + `upload_folder`:
-  POST /api/repos/create                         create_repo
+The stand-in implements what huggingface_hub 2.4.0 calls for `whoami` + `create_repo` + `create_commit`:
+  GET  /api/whoami-v2                            whoami (the check before training)
+  POST /api/repos/create                         create_repo (403 outside the token owner's namespaces)
   GET  /api/models/<ns>/<name>                   repo_info (the uploader checks visibility when private=True)
-  POST /api/validate-yaml                        upload_folder validates README.md metadata first
+  POST /api/validate-yaml                        create_commit validates README.md metadata first
   POST /api/models/<ns>/<name>/preupload/<rev>   upload modes; "regular" for every file, so no LFS / xet transfer
   POST /api/models/<ns>/<name>/commit/<rev>      ndjson commit; regular files arrive base64-encoded in it
+Any route can be made silent (`hang`): the connection is accepted and never answered.
 
-huggingface_hub retries 5xx answers of preupload/commit itself (http_backoff: 5 retries, 1-8 s apart). Tests that
-exercise the uploader's own retry loop turn that off (`no_library_retries`) so a 500 reaches it at once.
+huggingface_hub retries 5xx answers of preupload itself (http_backoff: 5 retries, 1-8 s apart). Tests that exercise
+the uploader's own retry loop turn that off (`no_library_retries`) so that a failure reaches it at once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from adaptive.config import ConfigError
 from adaptive.hub import HubUploader, resolve_token, upload_patterns
 
 TOKEN = "hf_TestTokenAbcdefghijklmnopqrstuvwxyz012345"
@@ -67,11 +70,18 @@ class FakeHub:
         self.commits: list[dict] = []  # {"repo_id", "summary", "files": {path: bytes}}
         self.requests: list[tuple[str, str]] = []
         self.fail_commits = 0  # answer the next N commit requests with HTTP fail_status
+        self.fail_preuploads = 0  # answer the next N preupload requests with HTTP 500
         self.fail_status = 500
         self.commit_delay = 0.0  # seconds each commit request sleeps before answering
         self.commit_started = threading.Event()
+        self.hang: set[str] = set()  # names of handlers whose requests are accepted and never answered
+        self.released = threading.Event()  # set on stop(): silent handlers return
+        self.hung = threading.Event()  # a request to a silent route arrived
+        # token -> whoami answer; None: any token is a write token of "someone" (member of the org "team")
+        self.tokens: dict[str, dict] | None = None
         repo = r"/api/models/(?P<repo>[^/]+/[^/]+)"
         self.routes = {
+            ("GET", r"/api/whoami-v2"): self.whoami,
             ("POST", r"/api/repos/create"): self.create_repo,
             ("GET", repo): self.repo_info,
             ("POST", r"/api/validate-yaml"): self.validate_yaml,
@@ -80,9 +90,28 @@ class FakeHub:
         }
 
     # -- handlers
+    def user(self, headers) -> dict | None:
+        token = (headers.get("Authorization") or "").removeprefix("Bearer ")
+        if not token:
+            return None
+        if self.tokens is None:
+            return {"type": "user", "name": "someone", "orgs": [{"type": "org", "name": "team", "roleInOrg": "write"}],
+                    "auth": {"type": "access_token", "accessToken": {"displayName": "test", "role": "write"}}}
+        return self.tokens.get(token)
+
+    def whoami(self, m, body, headers):
+        me = self.user(headers)
+        return (200, me) if me else (401, {"error": "Invalid credentials in Authorization header"})
+
     def create_repo(self, m, body, headers):
         payload = json.loads(body)
-        repo_id = f"{payload['organization']}/{payload['name']}" if payload.get("organization") else payload["name"]
+        me = self.user(headers)
+        if me is None:
+            return 401, {"error": "Invalid credentials in Authorization header"}
+        namespace = payload.get("organization") or me["name"]
+        if namespace not in {me["name"], *(o["name"] for o in me.get("orgs", []))}:
+            return 403, {"error": f"You don't have the rights to create a model under the namespace \"{namespace}\""}
+        repo_id = f"{namespace}/{payload['name']}"
         private = payload.get("visibility") == "private" or payload.get("private") is True
         with self.lock:
             if repo_id in self.repos:
@@ -100,6 +129,10 @@ class FakeHub:
         return 200, {"errors": [], "warnings": []}
 
     def preupload(self, m, body, headers):
+        with self.lock:
+            if self.fail_preuploads > 0:
+                self.fail_preuploads -= 1
+                return 500, {"error": "preupload backend unavailable"}
         files = json.loads(body)["files"]
         return 200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
                                for f in files]}
@@ -138,6 +171,10 @@ class FakeHub:
         for (route_method, pattern), handler in self.routes.items():
             m = re.fullmatch(pattern, path)
             if m and route_method == method:
+                if handler.__name__ in self.hang:
+                    self.hung.set()
+                    self.released.wait()
+                    return None, None  # close the connection without an answer
                 return handler(m, body, headers)
         return 404, {"error": f"stand-in has no route for {method} {path}"}
 
@@ -148,6 +185,9 @@ class FakeHub:
             def _serve(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 status, payload = hub.handle(self.command, urlsplit(self.path).path, body, self.headers)
+                if status is None:
+                    self.close_connection = True
+                    return
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -167,6 +207,7 @@ class FakeHub:
         return self
 
     def stop(self):
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -264,13 +305,21 @@ def test_failed_commit_is_retried(hub, run_folder, no_library_retries):
     assert sum(1 for method, path in hub.requests if path == "/api/repos/create") == 1
 
 
-def test_single_500_is_absorbed_by_huggingface_hub_itself(hub, run_folder):
-    """Documents the library's behaviour: with its default http_backoff, one 500 never reaches the uploader."""
-    hub.fail_commits = 1
+def test_library_retries_preupload_and_the_uploader_retries_the_commit(hub, run_folder):
+    """Documents the split: huggingface_hub's http_backoff absorbs a 500 on preupload; create_commit does not retry its
+    commit POST (a lost answer could duplicate the commit), so a 500 there reaches the uploader's own loop."""
+    hub.fail_preuploads = 1
     uploader, lines = make_uploader(hub)
     uploader.push(run_folder, "step 10")
     assert uploader.close(timeout=20)
     assert (uploader.pushed, uploader.failures) == (1, 0), lines
+    hub.fail_commits = 1
+    uploader.push(run_folder, "step 20")  # closed: ignored
+    uploader, lines = make_uploader(hub)
+    uploader.push(run_folder, "step 20")
+    assert uploader.close(timeout=20)
+    assert (uploader.pushed, uploader.failures) == (1, 1), lines
+    assert [c["summary"] for c in hub.commits] == ["step 10", "step 20"]
 
 
 @pytest.mark.parametrize("token", [TOKEN, "Opaque.Secret-Value_42"])  # Hub-shaped, and not (explicit scrub only)
@@ -338,3 +387,228 @@ def test_push_is_non_blocking_and_coalesces(hub, run_folder):
     assert (uploader.pushed, uploader.failures) == (2, 0)
     uploader.push(run_folder, "after close")
     assert "closed" in lines[-1] and len(hub.commits) == 2
+
+
+# ---------------------------------------------------------------------------------------------- timeouts (issue 15.6)
+
+
+def test_a_silent_hub_times_out_every_request_and_close_is_bounded(hub, run_folder, no_library_retries):
+    """Connections accepted, never answered: each request fails after the request timeout, and close() returns after
+    its own timeout whatever the worker is doing, saying what is not uploaded."""
+    hub.hang = {"commit"}
+    uploader, lines = make_uploader(hub, request_timeout_s=0.5, retries=2)
+    uploader.push(run_folder, "final pipeline at step 10")
+    assert hub.hung.wait(20)
+    t0 = time.perf_counter()
+    assert uploader.close(timeout=0.3) is False  # still in the first attempt
+    assert time.perf_counter() - t0 < 2.0
+    assert uploader.not_uploaded() == "'final pipeline at step 10' (still uploading)"
+    t0 = time.perf_counter()
+    assert uploader.close(timeout=20) is True  # two attempts, each ending in a read timeout
+    assert time.perf_counter() - t0 < 10.0
+    assert (uploader.pushed, uploader.failures) == (0, 2), lines
+    assert "Timeout" in lines[-1] and uploader.not_uploaded().startswith(
+        "'final pipeline at step 10' (failed after 2 attempts: ")
+    assert hub.commits == []
+
+
+def test_the_request_timeout_reaches_huggingface_hubs_client(hub):
+    import huggingface_hub
+
+    make_uploader(hub, request_timeout_s=7.0)
+    timeout = huggingface_hub.get_session().timeout
+    assert (timeout.read, timeout.write, timeout.connect) == (7.0, 7.0, 7.0)
+    make_uploader(hub)
+    assert huggingface_hub.get_session().timeout.read == 60.0
+
+
+# ---------------------------------------------------------------------------------------------- early check (issue 16.7)
+
+
+READ_ONLY = {"type": "user", "name": "someone", "orgs": [],
+             "auth": {"type": "access_token", "accessToken": {"role": "read"}}}
+WRITER = {"type": "user", "name": "someone", "orgs": [{"name": "team", "roleInOrg": "read"}],
+          "auth": {"type": "access_token", "accessToken": {"role": "write"}}}
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("no token", "needs a Hub token: log in with `hf auth login`, set HF_TOKEN or pass --hub_token"),
+    ("bad token", "the Hub rejected the token from --hub_token (401 Unauthorized)"),
+    ("read-only token", "the token from --hub_token is read-only"),
+    ("foreign namespace", "belongs to someone, who cannot write to the namespace 'stranger'"),
+    ("org with read role", "who cannot write to the namespace 'team'"),
+    ("public repo, private asked", "already exists and is public, but a private repo was requested"),
+    ("silent hub", "no answer from http://127.0.0.1:"),
+])
+def test_open_repo_refuses_before_training_in_one_line(hub, case, expected):
+    kw = {"token": TOKEN, "request_timeout_s": 0.5}
+    hub.tokens = {TOKEN: WRITER}
+    if case == "no token":
+        kw["token"] = None
+    elif case == "bad token":
+        kw["token"] = "hf_WrongTokenAbcdefghijklmnopqrstuvwxyz0"
+    elif case == "read-only token":
+        hub.tokens = {TOKEN: READ_ONLY}
+    elif case == "foreign namespace":
+        kw["repo_id"] = "stranger/ddpm"
+    elif case == "org with read role":
+        kw["repo_id"] = "team/ddpm"
+    elif case == "public repo, private asked":
+        hub.repos[REPO] = {"private": False, "authorization": None}
+        kw["private"] = True
+    elif case == "silent hub":
+        hub.hang = {"whoami"}
+    uploader, lines = make_uploader(hub, **kw)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        uploader.open_repo()
+    assert time.perf_counter() - t0 < 5.0
+    message = str(e.value)
+    assert expected in message and "\n" not in message and len(message) < 500, message
+    assert message.startswith(f"--push_to_hub to {kw.get('repo_id', REPO)}: ")
+    assert TOKEN not in message and "hf_WrongToken" not in message
+    assert hub.commits == [] and (case == "public repo, private asked" or REPO not in hub.repos)
+
+
+def test_open_repo_creates_the_repo_and_completes_a_bare_name(hub, run_folder):
+    uploader, lines = make_uploader(hub, repo_id="ddpm-bare", private=True)
+    assert uploader.open_repo() == "someone/ddpm-bare"
+    assert hub.repos["someone/ddpm-bare"]["private"] is True
+    uploader.push(run_folder, "step 10")
+    assert uploader.close(timeout=20) and uploader.not_uploaded() is None
+    assert sum(1 for _, path in hub.requests if path == "/api/repos/create") == 1  # not again by the worker
+    assert hub.commits[0]["repo_id"] == "someone/ddpm-bare"
+
+
+# ---------------------------------------------------------------------------------------------- model card (issue 16.9)
+
+
+def card_inputs(tmp_path, **overrides):
+    from adaptive.checkpoint import Progress
+    from adaptive.config import PRESETS, TrainConfig
+
+    out = tmp_path / "my-local-run"
+    out.mkdir()
+    (out / "samples").mkdir()
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "preset": "cpu-tiny16", "output_dir": str(out),
+                         "train_data_dir": str(tmp_path / "data" / "images.zip"),
+                         "eval_feature_extractor": str(tmp_path / "feat.pt"), "hub_token": TOKEN, **overrides})
+    progress = Progress(step=1200, images_seen=153_600, train_seconds=5400.0)
+    info = {"world_size": 1, "device": "cpu", "device_name": "x86_64", "num_parameters": 1_100_000,
+            "grid": str(out / "samples" / "grid_0001200.png")}
+    return out, cfg, progress, info
+
+
+def test_model_card_round_trips_with_hub_metadata_and_the_repo_id(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from adaptive.model_card import write_model_card
+
+    out, cfg, progress, info = card_inputs(tmp_path)
+    metrics = {"step": 1200, "proxy_fd": 2.345, "eval_images": 1000, "eval_inference_steps": 50}
+    path = write_model_card(out, cfg, progress, info, metrics, repo_id="someone/ddpm-run")
+    card = ModelCard.load(path)
+    assert card.data.library_name == "diffusers"
+    assert card.data.pipeline_tag == "unconditional-image-generation"
+    assert {"diffusers", "ddpm", "unconditional-image-generation", "timestep-sampler-uniform"} <= set(card.data.tags)
+    assert 'DDPMPipeline.from_pretrained("someone/ddpm-run")' in card.text
+    assert "my-local-run" not in card.text  # neither the folder name in the snippet nor the path in the config
+    rows = [line for line in card.text.splitlines() if line.startswith("|")]
+    assert rows[:2] == ["| | |", "|---|---|"] and len(rows) == 11, rows
+    for line in rows[2:]:  # two non-empty cells, closed on both sides
+        assert line.startswith("| ") and line.endswith(" |") and all(c.strip() for c in line[1:-1].split("|")), line
+        assert len(line[1:-1].split("|")) == 2, line
+    assert "| training wall-clock | 1.50 h on 1 x CPU |" in rows
+    assert "| EMA | on, max decay 0.995 (the exported U-Net is the EMA) |" in rows
+    assert any(r.startswith("| proxy FD (not FID) | 2.345 (1000 images") for r in rows)
+    assert "![samples](samples/grid_0001200.png)" in card.text
+    text = path.read_text()
+    assert str(tmp_path) not in text and TOKEN not in text
+    assert ModelCard(text).content == card.content  # what was written is what loads
+
+    info.update(world_size=8, device="cuda:0", device_name="NVIDIA H100 80GB HBM3")
+    card = ModelCard.load(write_model_card(out, cfg, progress, info))
+    assert "| training wall-clock | 1.50 h on 8 x NVIDIA H100 80GB HBM3 |" in card.text
+    assert "| EMA | off |" not in card.text
+
+
+def test_local_paths_are_redacted(tmp_path):
+    from adaptive.model_card import redact_paths
+
+    root = tmp_path / "run"
+    config = {"output_dir": str(root), "resume_from_checkpoint": str(root / "checkpoint-10"),
+              "train_data_dir": str(tmp_path / "data" / "train.zip"), "cache_dir": "~/.cache/x",
+              "eval_ref_dir": "../shared/ref", "dataset_name": "user/dataset", "logging_dir": "logs",
+              "eval_feature_extractor": "C:\\models\\feat.pt", "block_out_channels": [32, 64], "use_ema": True,
+              "resolution": 16, "eval_ref_stats": None, "list": [str(tmp_path / "a.npz"), "plain"]}
+    assert redact_paths(config, root) == {
+        "output_dir": ".", "resume_from_checkpoint": "checkpoint-10", "train_data_dir": "train.zip",
+        "cache_dir": "x", "eval_ref_dir": "ref", "dataset_name": "user/dataset", "logging_dir": "logs",
+        "eval_feature_extractor": "feat.pt", "block_out_channels": [32, 64], "use_ema": True, "resolution": 16,
+        "eval_ref_stats": None, "list": ["a.npz", "plain"]}
+
+
+# ---------------------------------------------------------------------------------------------- redaction (issue 15.10)
+
+
+def test_uploaded_configs_carry_no_local_path_and_the_local_ones_keep_theirs(hub, run_folder, tmp_path):
+    config = {"output_dir": str(run_folder), "train_data_dir": str(tmp_path / "data" / "images.zip"),
+              "eval_feature_extractor": str(tmp_path / "feat.pt"), "resolution": 32}
+    for rel in ("config.json", "checkpoint-10/config.json"):
+        (run_folder / rel).write_text(json.dumps(config, indent=2))
+    local = {p: p.read_bytes() for p in run_folder.rglob("*") if p.is_file()}
+    uploader, lines = make_uploader(hub, push_checkpoints=True)
+    uploader.push(run_folder, "step 10")
+    assert uploader.close(timeout=20) and uploader.not_uploaded() is None, lines
+    files = hub.commits[-1]["files"]
+    assert set(files) == set(PIPELINE_FILES) | set(CHECKPOINT_FILES)
+    for rel in ("config.json", "checkpoint-10/config.json"):
+        assert json.loads(files[rel]) == {"output_dir": ".", "train_data_dir": "images.zip",
+                                          "eval_feature_extractor": "feat.pt", "resolution": 32}
+    for rel, data in files.items():
+        assert str(tmp_path).encode() not in data, rel
+    assert {p: p.read_bytes() for p in run_folder.rglob("*") if p.is_file()} == local  # resume reads these
+
+
+# ---------------------------------------------------------------------------------------------- the end (issue 16.8)
+
+
+def test_rerun_command_resumes_latest_keeps_the_flags_and_hides_the_token(monkeypatch):
+    from adaptive.rundir import rerun_command
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    argv = ["train_accelerate.py", "--output_dir", "runs/my run", "--overwrite_output_dir", "--hub_token", TOKEN,
+            "--resume_from_checkpoint", "runs/x/checkpoint-5", "--push_to_hub"]
+    assert rerun_command(argv) == ("python train_accelerate.py --output_dir 'runs/my run' --hub_token '***' "
+                                   "--push_to_hub --resume_from_checkpoint latest")
+    assert rerun_command(["t.py", f"--hub_token={TOKEN}", "--resume_from_checkpoint=latest"]) == (
+        "python t.py '--hub_token=***' --resume_from_checkpoint latest")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    assert rerun_command(["t.py"]).startswith("accelerate launch <the same launch options> t.py ")
+
+
+def test_finish_uploads_says_what_is_missing_and_how_to_retry(hub, run_folder, no_library_retries, monkeypatch):
+    from types import SimpleNamespace
+
+    from adaptive.rundir import finish_uploads
+
+    monkeypatch.setattr("sys.argv", ["train_accelerate.py", "--output_dir", str(run_folder), "--push_to_hub"])
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    cfg = SimpleNamespace(output_dir=str(run_folder))
+    log: list[str] = []
+    assert finish_uploads(None, cfg, log.append, 1.0) is True and log == []
+
+    hub.fail_commits, hub.fail_status = 10**6, 409
+    uploader, lines = make_uploader(hub, retries=2)
+    uploader.push(run_folder, "final pipeline at step 10")
+    assert finish_uploads(uploader, cfg, log.append, 20.0) is False
+    assert log[-1].startswith(f"hub: NOT uploaded to {REPO}: 'final pipeline at step 10' (failed after 2 attempts: ")
+    assert f"Everything is kept in {run_folder}. To retry the upload, run: python train_accelerate.py --output_dir " \
+           f"{run_folder} --push_to_hub --resume_from_checkpoint latest" in log[-1]
+
+    hub.fail_commits = 0
+    uploader, lines = make_uploader(hub)
+    uploader.push(run_folder, "final pipeline at step 10")
+    assert finish_uploads(uploader, cfg, log.append, 20.0) is True and "NOT" not in log[-1]

@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -187,34 +188,157 @@ def test_export_round_trip_through_ddpm_pipeline(tmp_path, image_folder):
     assert "DDPMPipeline.from_pretrained" in card and "timestep sampler | uniform" in card and "optimizer steps | 3" in card
 
 
+HUB_ENV = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,localhost",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
 def test_hub_push_end_to_end_with_retry_and_no_token_anywhere(tmp_path, image_folder):
+    from huggingface_hub import ModelCard
+
+    from conftest import write_pooled_features
     from test_hub import FakeHub
 
     hub = FakeHub().start()
     hub.fail_commits, hub.fail_status = 1, 409  # the first commit fails; the uploader retries
     token = "hf_SecretTokenValue0123456789"
     run = tmp_path / "run"
+    feats = write_pooled_features(tmp_path / "feat.pt")  # a local path in the config; only its name may go up
     try:
         proc = run_cli("train_accelerate.py", tiny_args(
             image_folder, run, "--max_train_steps", "2", "--checkpointing_steps", "1", "--push_to_hub",
-            "--hub_model_id", "someone/tiny-ddpm", "--hub_token", token, "--hub_private_repo"),
-            env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
-                 "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+            "--hub_model_id", "someone/tiny-ddpm", "--hub_token", token, "--hub_private_repo",
+            "--eval_feature_extractor", str(feats)),
+            env={**HUB_ENV, "HF_ENDPOINT": hub.endpoint})
     finally:
         hub.stop()
     assert "retrying" in proc.stdout and "hub: pushed" in proc.stdout
     assert hub.repos["someone/tiny-ddpm"]["private"] is True
     assert hub.repos["someone/tiny-ddpm"]["authorization"] == f"Bearer {token}"
-    files = set(hub.commits[-1]["files"])
+    files = hub.commits[-1]["files"]
     expected = {"model_index.json", "unet/config.json", "unet/diffusion_pytorch_model.safetensors",
                 "scheduler/scheduler_config.json", "README.md", "config.json", "timestep_p.png",
                 "samples/grid_0000002.png"}
-    assert files == expected
+    assert set(files) == expected
     assert not any(f.startswith("checkpoint") for c in hub.commits for f in c["files"])
     for p in run.rglob("*"):
         if p.is_file():
             assert token.encode() not in p.read_bytes(), p
     assert token not in proc.stdout + proc.stderr
+
+    # Nothing uploaded names a local path (issue 15.10); the local config keeps them for resuming.
+    local_roots = {str(tmp_path), str(image_folder.parent), str(Path(tmp_path).resolve().parents[1])}
+    for rel, data in files.items():
+        for root in local_roots:
+            assert root.encode() not in data, (rel, root)
+    public = json.loads(files["config.json"])
+    assert (public["output_dir"], public["train_data_dir"], public["eval_feature_extractor"]) == (
+        ".", image_folder.name, "feat.pt")
+    assert json.loads((run / "config.json").read_text())["train_data_dir"] == str(image_folder)
+    card = ModelCard(files["README.md"].decode())
+    assert card.data.library_name == "diffusers" and "ddpm" in card.data.tags
+    assert 'DDPMPipeline.from_pretrained("someone/tiny-ddpm")' in card.text
+    assert "| training wall-clock |" in card.text and " on 1 x CPU |" in card.text
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_bad_hub_token_stops_every_rank_before_the_first_step(tmp_path, image_folder, nproc):
+    """Issue 16.7: the token and the repo are checked before anything is built or written; every rank exits."""
+    from test_hub import FakeHub
+
+    hub = FakeHub().start()
+    hub.tokens = {"hf_GoodTokenValue0123456789abcdef": {"name": "someone", "orgs": [], "auth": {}}}
+    run = tmp_path / "run"
+    t0 = time.perf_counter()
+    try:
+        proc = run_cli("train_accelerate.py", tiny_args(
+            image_folder, run, "--max_train_steps", "2", "--push_to_hub", "--hub_model_id", "someone/tiny-ddpm"),
+            nproc=nproc, timeout=300, check=False,
+            env={**HUB_ENV, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_BadTokenValue0123456789abcdef"})
+    finally:
+        hub.stop()
+    assert proc.returncode != 0 and time.perf_counter() - t0 < 240
+    if nproc == 1:
+        assert proc.returncode == 2
+    message = ("train_accelerate.py: error: --push_to_hub to someone/tiny-ddpm: checking the token failed: the Hub "
+               "rejected the token from HF_TOKEN (401 Unauthorized)")
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count(message) == nproc  # every rank says it (the launcher shows both), none hangs
+    assert not run.exists()  # nothing written
+    assert hub.repos == {} and hub.commits == []
+    assert "hf_BadTokenValue" not in proc.stdout + proc.stderr
+
+
+def test_a_failed_final_upload_keeps_the_run_exits_3_and_the_printed_command_retries_it(tmp_path, image_folder):
+    """Issue 16.8: the commit fails after every retry -> everything stays local, the rerun command is printed, exit 3;
+    running that command once the Hub works uploads the finished run without training."""
+    import shlex
+
+    from test_hub import FakeHub
+
+    hub = FakeHub().start()
+    hub.fail_commits, hub.fail_status = 10**6, 409  # not retried by huggingface_hub; 3 attempts by the uploader
+    run = tmp_path / "run"
+    env = {**HUB_ENV, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_SecretTokenValue0123456789"}
+    try:
+        proc = run_cli("train_accelerate.py", tiny_args(
+            image_folder, run, "--max_train_steps", "2", "--push_to_hub", "--hub_model_id", "someone/tiny-ddpm",
+            "--overwrite_output_dir"), env=env, check=False)
+        assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]  # adaptive.hub.EXIT_UPLOAD_FAILED
+        assert hub.commits == []
+        assert json.loads((run / "export.json").read_text())["step"] == 2  # trained and exported locally
+        assert (run / "unet" / "diffusion_pytorch_model.safetensors").exists() and list(run.glob("checkpoint-2"))
+        [line] = [x for x in proc.stdout.splitlines() if x.startswith("hub: NOT uploaded to someone/tiny-ddpm: ")]
+        assert "'final pipeline at step 2' (failed after 3 attempts: " in line
+        assert f"Everything is kept in {run.resolve()}. To retry the upload, run: python train_accelerate.py " in line
+        command = shlex.split(line.split("To retry the upload, run: ", 1)[1])
+        assert command[-2:] == ["--resume_from_checkpoint", "latest"] and "--overwrite_output_dir" not in command
+
+        hub.fail_commits = 0
+        files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "README.md"}
+        retry = run_cli(command[1], command[2:], env=env)
+    finally:
+        hub.stop()
+    assert "nothing to train: step 2 of --max_train_steps 2 reached" in retry.stdout
+    assert "hub: pushed" in retry.stdout and "NOT uploaded" not in retry.stdout
+    assert [c["summary"] for c in hub.commits] == ["final pipeline at step 2"]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "README.md"} == files
+
+
+def test_a_silent_hub_does_not_keep_a_finished_run_alive(tmp_path, image_folder):
+    """Issue 15.6: the upload endpoint accepts the connection and never answers; the finished run still exits about
+    --hub_upload_timeout seconds after it starts waiting, with exit 3 and the message."""
+    from test_hub import FakeHub
+
+    hub = FakeHub().start()
+    hub.hang = {"preupload", "commit"}
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **HUB_ENV, "HF_ENDPOINT": hub.endpoint,
+           "HF_TOKEN": "hf_SecretTokenValue0123456789"}
+    cmd = [sys.executable, "train_accelerate.py", *tiny_args(
+        image_folder, run, "--max_train_steps", "2", "--push_to_hub", "--hub_model_id", "someone/tiny-ddpm",
+        "--hub_upload_timeout", "3")]
+    lines = []
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(600, proc.kill)  # a run that never exits fails the test instead of hanging it
+    watchdog.start()
+    try:
+        waiting = None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("hub: waiting for the upload"):
+                waiting = time.perf_counter()
+        rc = proc.wait()
+        exited = time.perf_counter()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        hub.stop()
+    out = "".join(lines)
+    assert waiting is not None, out[-3000:]
+    assert rc == 3, out[-3000:]
+    assert exited - waiting < 3 + 20, (exited - waiting, out[-3000:])  # 3 s wait, then teardown on a loaded CPU
+    assert "hub: NOT uploaded to someone/tiny-ddpm: 'final pipeline at step 2' (still uploading)" in out
+    assert json.loads((run / "export.json").read_text())["step"] == 2
 
 
 def test_rerunning_a_finished_run_changes_nothing_and_a_larger_budget_continues_it(tmp_path, image_folder):
