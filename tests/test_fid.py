@@ -286,3 +286,38 @@ def test_missing_inception_weights_say_where_to_put_them(tmp_path, sets, capsys,
     monkeypatch.setattr(socket, "create_connection", offline)
     err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "40")
     assert where in err and "--feature_extractor" in err
+
+
+def test_saved_reference_statistics_carry_their_metadata_and_a_mismatch_is_refused(tmp_path, sets, extractor, capsys):
+    """--make_ref records resolution, network and content; scoring 32 px samples against 16 px statistics, or with
+    another network, is refused in one line - in evaluate_fid.py and in training (--eval_ref_stats) alike."""
+    from adaptive.config import PRESETS, TrainConfig
+    from adaptive.evaluation import training_reference
+    from adaptive.fid import FeatureNet, stats_meta
+
+    stats = tmp_path / "ref16.npz"
+    common = ["--feature_extractor", extractor, "--cache_dir", tmp_path / "cache"]
+    assert _evaluate("--make_ref", "--ref_dir", sets["a"], "--resolution", "16", "--ref_stats", stats, *common) == 0
+    meta = stats_meta(stats)
+    assert meta["resolution"] == [16, 16] and meta["feature_extractor"].startswith("torchscript:") and meta["content"]
+    capsys.readouterr()
+    err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "40", "--ref_stats", stats, *common)
+    assert "16x16" in err and "32x32" in err
+    other = tmp_path / "other.pt"
+    torch.manual_seed(1)
+    torch.jit.script(TinyFeatures().eval()).save(str(other))
+    err = _one_line_error(capsys, "--samples", sets["a"], "--num_images", "40", "--ref_stats", stats,
+                          "--feature_extractor", other, "--cache_dir", tmp_path / "cache")
+    assert "were built with tiny-features.pt" in err
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "eval_feature_extractor": str(other), "eval_ref_stats": str(stats)})
+    from adaptive.config import ConfigError
+
+    with pytest.raises(ConfigError, match="were built with"):
+        training_reference(cfg, FeatureNet(str(other)), None)
+    # 40 images < nothing to warn about for 16 features; 8 images < 16 dimensions: warned
+    warned = []
+    from adaptive.fid import warn_if_few
+
+    warn_if_few(8, 16, "--samples", warned.append)
+    warn_if_few(40, 16, "--samples", warned.append)
+    assert len(warned) == 1 and "fewer than the 16 feature dimensions" in warned[0]
