@@ -598,6 +598,18 @@ def recheck_points(tuned: dict) -> list[str]:
     return [grid_name(lrs[j], tuned["adam_beta2"]) for j in sorted(near)]
 
 
+def keep_run_logs(rows: list[dict], work: Path, out: Path) -> None:
+    """Each finished run's stats.jsonl (losses, gradient norms, per-bin diagnostics, evaluations) next to the table,
+    as out/runs/<method>_seed<k>.stats.jsonl: the logs the write-ups cite."""
+    import shutil
+
+    for r in rows:
+        src = run_dir(work, r["method"], r["seed"]) / "stats.jsonl"
+        if complete(r) and src.is_file():
+            (out / "runs").mkdir(exist_ok=True)
+            shutil.copyfile(src, out / "runs" / f"{r['method']}_seed{r['seed']}.stats.jsonl")
+
+
 def write_calibration(summary: dict, pl, args, out: Path) -> dict | None:
     """32 px calibration. First invocation: uniform-tuned's 6,000-step curve -> calibration.json with the budget B.
     With --calibration: uniform-tuned's FD at B (from that curve) against its 2 re-check neighbours' -> the 32 px
@@ -802,6 +814,7 @@ def main(argv=None) -> int:
     if pl.table == "calibrate":
         meta["calibration"] = write_calibration(summary, pl, args, out)
     results_file.write_text(json.dumps({**meta, "costs": costs, "rows": row_list, "summary": summary}, indent=1))
+    keep_run_logs(row_list, work, out)
     if summary:
         write_plot(summary, out / "fd_vs_time.png", f"CPU proxy FD vs cost - {pl.preset} - {date} - seeds {meta['seeds']}")
         write_readme(summary, meta, out / "README.md", pl.budget)
