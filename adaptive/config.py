@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import inspect
 import json
+import math
 import re
 import typing
 from dataclasses import dataclass, field, fields
@@ -23,7 +24,10 @@ SECRET_FIELDS = ("hub_token",)
 
 
 class ConfigError(ValueError):
-    """A user-facing configuration problem; reported as one line and a non-zero exit."""
+    """A user-facing problem (bad input, or a fault of the run in adaptive/faults.py): one line on stderr and
+    `exit_code`, never a traceback."""
+
+    exit_code = 2
 
 
 def model_key(default):
@@ -36,7 +40,7 @@ class TrainConfig:
     # --- run ---
     preset: str = "ddpm-cifar10"  # named preset that fills every flag not given (see PRESETS)
     output_dir: str = "runs/ddpm"  # run folder: config.json, stats.jsonl, checkpoint-*/, samples/, exported pipeline
-    overwrite_output_dir: bool = False  # replace a different run already in output_dir
+    overwrite_output_dir: bool = False  # replace a different run already in output_dir (cleared only once everything else checked out, right before training)
     seed: int = 0  # base seed; data order, noise, timesteps and dropout derive from (seed, rank, step)
 
     # --- data ---
@@ -133,6 +137,7 @@ class TrainConfig:
     checkpointing_steps: typing.Optional[int] = 5_000  # optimizer steps between resumable checkpoints; None = only at the end
     checkpoints_total_limit: typing.Optional[int] = None  # keep only the newest N complete checkpoints
     resume_from_checkpoint: typing.Optional[str] = None  # 'latest' or a checkpoint folder
+    ddp_timeout_minutes: float = 10.0  # how long a rank waits in a collective for a stopped or wedged peer before failing (gloo/NCCL timeout)
 
     # --- export, Hub, post-hoc EMA ---
     save_model_steps: typing.Optional[int] = None  # optimizer steps between DDPMPipeline exports to output_dir (always at the end)
@@ -282,7 +287,11 @@ MODEL_KEYS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("model_
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line on stderr and exits with status 2."""
+    """argparse that reports a bad flag as one line on stderr and exits with status 2. Flags must be spelled out:
+    no abbreviations (`--hub_t` is not `--hub_token`), so a flag is always recognisable by its name."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):  # noqa: D401
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -387,13 +396,19 @@ def check_bins(bins: int, num_timesteps: int) -> None:
 
 def validate(cfg: TrainConfig) -> None:
     """Raises ConfigError naming the first invalid value."""
+    if not cfg.output_dir.strip():
+        raise ConfigError("--output_dir must name a folder (an empty value would train into the current directory)")
+    for f in fields(cfg):  # nan / inf are never meaningful (nan also slips through every range check below)
+        v = getattr(cfg, f.name)
+        if any(isinstance(x, float) and not math.isfinite(x) for x in (v if isinstance(v, tuple) else (v,))):
+            raise ConfigError(f"--{f.name} must be a finite number (got {v})")
     for name, allowed in CHOICES.items():
         v = getattr(cfg, name, None)
         if v is not None and v not in allowed:
             raise ConfigError(f"--{name} {v!r} is not one of {', '.join(map(str, allowed))}")
     positive = ["resolution", "train_batch_size", "gradient_accumulation_steps", "ddpm_num_steps",
                 "ddpm_num_inference_steps", "layers_per_block", "logging_steps", "num_grid_images",
-                "eval_num_images", "eval_inference_steps", "eval_batch_size", "eval_ref_num_images"]
+                "eval_num_images", "eval_inference_steps", "eval_batch_size", "eval_ref_num_images", "norm_num_groups"]
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name} must be >= 1 (got {getattr(cfg, name)})")
@@ -402,6 +417,11 @@ def validate(cfg: TrainConfig) -> None:
         v = getattr(cfg, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name} must be >= 1 or none (got {v})")
+    for name in ["lr_warmup_steps", "adaptive_warmup_steps", "dataloader_num_workers"]:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0 (got {getattr(cfg, name)})")
+    if cfg.attention_head_dim is not None and cfg.attention_head_dim < 1:
+        raise ConfigError(f"--attention_head_dim must be >= 1 or none (got {cfg.attention_head_dim})")
     if cfg.max_train_steps is None and cfg.num_epochs is None:
         raise ConfigError("give --max_train_steps or --num_epochs")
     if cfg.max_train_minutes is not None and cfg.max_train_minutes <= 0:
@@ -412,6 +432,13 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--max_grad_norm must be >= 0 (got {cfg.max_grad_norm})")
     if cfg.learning_rate <= 0:
         raise ConfigError(f"--learning_rate must be > 0 (got {cfg.learning_rate})")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise ConfigError(f"--{name} must be in [0, 1) (got {getattr(cfg, name)})")
+    if cfg.adam_epsilon < 0 or cfg.adam_weight_decay < 0:
+        raise ConfigError("--adam_epsilon and --adam_weight_decay must be >= 0")
+    if cfg.ddp_timeout_minutes <= 0:
+        raise ConfigError(f"--ddp_timeout_minutes must be > 0 (got {cfg.ddp_timeout_minutes})")
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"--dropout must be in [0, 1) (got {cfg.dropout})")
     if not 0.0 <= cfg.ema_min_decay <= cfg.ema_max_decay < 1.0:

@@ -91,7 +91,7 @@ def measure(rounds: int, reps: int, cases=CASES, variants=VARIANTS, modes=("trai
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "throughput" / dt.date.today().isoformat())

@@ -110,7 +110,7 @@ def write_md(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--presets", nargs="+", default=["cpu-tiny16", "cpu-tiny"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)

@@ -287,7 +287,7 @@ SECTIONS = ("train", "sample", "methods", "memory")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--presets", nargs="+", default=["cpu-tiny16", "cpu-tiny", "ddpm-cifar10"])
     p.add_argument("--data", type=Path, default=None, help="folder/.zip of images (default: shared CIFAR-10 or generated)")
     p.add_argument("--out", type=Path, default=None)
