@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -21,6 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .config import MODEL_KEYS, ConfigError
+from .faults import agree, writing
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 MANIFEST = "manifest.json"  # size + sha256 of every file; written last
@@ -134,17 +136,23 @@ def write_manifest(folder: Path, step: int) -> None:
 
 
 def verify_checkpoint(folder: Path, full: bool = True) -> Optional[str]:
-    """None if `folder` is a complete, intact checkpoint; otherwise the reason it is not."""
+    """None if `folder` is a complete, intact checkpoint; otherwise the reason it is not (one line). `full` also
+    checks every file's sha256 and that it opens (a manifest recomputed over a truncated file still fails here)."""
     folder = Path(folder)
     if not folder.is_dir():
         return "not a folder"
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["files"]
+        files = json.loads((folder / MANIFEST).read_text())["files"]
     except FileNotFoundError:
         return f"no {MANIFEST} (incomplete write)"
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"unreadable {MANIFEST} ({e})"
+        return f"unreadable {MANIFEST} ({_one_line(e)})"
+    shape = _manifest_shape_error(files)
+    if shape:
+        return f"malformed {MANIFEST} ({shape})"
+    for required in (MODEL_FILE, STATE_FILE, CONFIG_FILE):
+        if required not in files:
+            return f"{required} missing from manifest"
     for name, meta in files.items():
         p = folder / name
         if not p.is_file():
@@ -153,10 +161,47 @@ def verify_checkpoint(folder: Path, full: bool = True) -> Optional[str]:
             return f"{name} has {p.stat().st_size} bytes, expected {meta['bytes']}"
         if full and _sha256(p) != meta["sha256"]:
             return f"{name} is corrupt (sha256 mismatch)"
-    for required in (MODEL_FILE, STATE_FILE, CONFIG_FILE):
-        if required not in files:
-            return f"{required} missing from manifest"
+        problem = _unreadable(p) if full else None
+        if problem:
+            return f"{name} is unreadable (truncated or damaged: {problem})"
     return None
+
+
+def _manifest_shape_error(files) -> Optional[str]:
+    """What is wrong with the shape of a manifest's "files" (valid JSON can still be {"files": "abc"})."""
+    if not isinstance(files, dict):
+        return f'"files" is a {type(files).__name__}, not an object'
+    for name, meta in files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"file name {name!r} points outside the checkpoint"
+        if not (isinstance(meta, dict) and type(meta.get("bytes")) is int and isinstance(meta.get("sha256"), str)):
+            return f"entry {name!r} is not {{\"bytes\": int, \"sha256\": str}}"
+    return None
+
+
+def _unreadable(path: Path) -> Optional[str]:
+    """Why `path` cannot be opened by its loader (safetensors header, torch.save zip + CRCs, JSON), or None."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt"):
+                pass  # validates the header against the file's size
+        elif path.suffix in (".bin", ".pt", ".pkl"):  # torch.save's zip format (Accelerate's files and ours)
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+            if bad:
+                return f"CRC mismatch in {bad}"
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+    except Exception as e:
+        return _one_line(e)
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
 
 
 def checkpoint_step(folder: Path) -> Optional[int]:
@@ -174,12 +219,18 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
 
 
 def find_latest(output_dir: Path, warn: Callable[[str], None] = print) -> Optional[Path]:
-    """The newest valid checkpoint; invalid newer ones are skipped with a warning."""
+    """The newest valid checkpoint; invalid newer ones are skipped with a warning. None if there is no checkpoint;
+    ConfigError if there are some but none is valid (restarting at step 0 would silently rewrite the run)."""
+    broken = []
     for folder in reversed(list_checkpoints(output_dir)):
         reason = verify_checkpoint(folder)
         if reason is None:
             return folder
         warn(f"warning: skipping {folder.name}: {reason}")
+        broken.append(f"{folder.name}: {reason}")
+    if broken:
+        raise ConfigError(f"--resume_from_checkpoint latest: no valid checkpoint in {output_dir} "
+                          f"({'; '.join(broken)}); to start over instead, rerun with --overwrite_output_dir")
     return None
 
 
@@ -217,34 +268,69 @@ def read_config(folder: Path) -> dict:
 
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, total_limit: Optional[int] = None) -> Path:
-    """Every rank calls this. Writes checkpoint-<step> atomically and keeps the newest `total_limit`."""
+    """Every rank calls this. Writes checkpoint-<step> atomically and keeps the newest `total_limit`. A failed write
+    (DiskFull when the disk is full) raises on every rank and leaves no partial folder; older checkpoints are kept."""
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f".checkpoint-{step}.tmp"
+    previous = [p.name for p in list_checkpoints(output_dir) if p != final][-1:]
+    kept = f"the partial {tmp.name} was removed, {previous[0]} is intact" if previous else \
+        f"the partial {tmp.name} was removed"
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))  # models, optimizer, scheduler, scaler, each rank's RNG, our state via hooks
-    if accelerator.is_main_process:
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
-    accelerator.wait_for_everyone()  # every rank's files are written
-    if accelerator.is_main_process:
-        write_manifest(tmp, step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(output_dir)
-        if total_limit is not None:
-            rotate(output_dir, total_limit)
-    accelerator.wait_for_everyone()
+    error = None
+    try:
+        with writing(final.name, output_dir, kept):
+            accelerator.save_state(str(tmp))  # models, optimizer, scheduler, scaler, each rank's RNG, our state (hooks)
+            if accelerator.is_main_process:
+                (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    except Exception as e:
+        error = e
+    try:
+        agree(accelerator, error)  # every rank's files are written (or every rank raises)
+        if accelerator.is_main_process:
+            try:
+                with writing(final.name, output_dir, kept):
+                    write_manifest(tmp, step)
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+                _fsync_dir(output_dir)
+                if total_limit is not None:
+                    rotate(output_dir, total_limit)
+            except Exception as e:
+                error = e
+        agree(accelerator, error)
+    except BaseException:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final
 
 
-def rotate(output_dir: Path, keep: int) -> None:
-    """Delete the oldest complete checkpoints beyond `keep`, and stale temporary folders."""
+def rotate(output_dir: Path, keep: Optional[int]) -> None:
+    """Delete stale temporary folders (a write that was killed or failed) and the oldest complete checkpoints beyond
+    `keep` (None: keep all). Called after every checkpoint and once at the start of a run (main process, which holds
+    the output folder's lock, so no other writer's temporary folder is live)."""
+    for stale in Path(output_dir).glob(".checkpoint-*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if keep is None:
+        return
     valid = [p for p in list_checkpoints(output_dir) if verify_checkpoint(p, full=False) is None]
     for old in valid[: max(0, len(valid) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(accelerator, folder: Path) -> None:
+    """accelerator.load_state(folder) on every rank; a verified checkpoint that still does not load (a tensor that
+    does not fit the model, a damaged pickle inside a valid zip) is a one-line ConfigError naming it."""
+    try:
+        accelerator.load_state(str(folder))
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"cannot resume from {folder}: {type(e).__name__}: {_one_line(e)}") from None
 
 
 def save_object_state(path: Path, state: dict) -> None:

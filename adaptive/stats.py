@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from .faults import writing
+
 
 class Stats:
     """Running sums of device tensors; `flush` reduces them across ranks with one collective and one sync."""
@@ -78,7 +80,7 @@ class JsonlWriter:
 
     def write(self, record: dict) -> None:
         if self.enabled:
-            with open(self.path, "a") as f:
+            with writing(self.path.name, self.path.parent, "checkpoints are unaffected"), open(self.path, "a") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")
 
     def truncate_after(self, step: int) -> None:
@@ -93,7 +95,8 @@ class JsonlWriter:
             except json.JSONDecodeError:
                 continue  # a line torn by a kill
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(l + "\n" for l in keep))
+        with writing(self.path.name, self.path.parent):
+            tmp.write_text("".join(l + "\n" for l in keep))
         tmp.replace(self.path)
 
 

@@ -1,0 +1,128 @@
+"""Faults a run reports as one line and a distinct exit status instead of a traceback, and how ranks agree on them.
+
+Exit status of train_accelerate.py: 0 done or stopped by a signal / the budget (checkpoint written), 2 bad input
+(nothing touched), 3 a launch that did not form one process group, 4 training diverged (a non-finite loss, gradient
+norm or weights; nothing saved from them), 5 the disk is full (the partial write removed, the previous checkpoint
+intact), 6 this rank lost a peer (it ended, or stopped for longer than --ddp_timeout_minutes). Every rank raises the
+same fault at the same point (`agree`), and only the launcher's rank 0 prints it; a lost peer is reported by the rank
+that saw it.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+from .config import ConfigError
+
+
+class LaunchError(ConfigError):
+    """The launched processes did not join one process group."""
+
+    exit_code = 3
+
+
+class Diverged(ConfigError):
+    """A non-finite loss, gradient norm or weights."""
+
+    exit_code = 4
+
+
+class DiskFull(ConfigError):
+    """No space left on the device while writing a run's file."""
+
+    exit_code = 5
+
+
+class PeerLost(ConfigError):
+    """A collective failed because another rank ended or stopped responding."""
+
+    exit_code = 6
+
+
+def lost_peer(exc: BaseException) -> Optional[PeerLost]:
+    """The one-line PeerLost for a collective (gloo / NCCL) that failed because another rank ended or stopped
+    responding, or None for anything else."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    text = str(exc)
+    if not (isinstance(exc, getattr(dist, "DistError", ())) or "gloo" in text or "NCCL" in text):
+        return None
+    if any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")):
+        what = "another rank ended (it crashed, was killed or reported its own error)"
+    elif "timed out" in text.lower() or "timeout" in text.lower():
+        what = "a collective timed out: another rank stopped or hung for longer than --ddp_timeout_minutes"
+    else:
+        return None
+    return PeerLost(f"rank {dist.get_rank()}: {what}; rerun the same command with --resume_from_checkpoint latest")
+
+
+# How a full disk surfaces: errno from Python's own writes, the message from safetensors (Rust), and torch.save's
+# stream error (no errno survives it, so there the free space decides).
+_FULL_MESSAGES = ("No space left on device", "StorageFull", "Disk quota exceeded")
+_STREAM_MESSAGES = ("file write failed", "iostream error", "unexpected pos")
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def is_disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether `exc`, raised while writing under `folder`, means that its file system is full."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(m in str(e) for m in _FULL_MESSAGES):
+            return True
+    if any(m in str(e) for e in _chain(exc) for m in _STREAM_MESSAGES):
+        return free_bytes(folder) < 1 << 20
+    return False
+
+
+def free_bytes(folder: Path) -> int:
+    """Bytes available to this user on the file system of `folder` (or of its nearest existing parent)."""
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 1 << 62
+
+
+@contextmanager
+def writing(what: str, folder: Path, after: str = ""):
+    """Turns a full disk while writing `what` under `folder` into a one-line DiskFull; other errors pass through."""
+    try:
+        yield
+    except Exception as e:
+        if not is_disk_full(e, folder):
+            raise
+        raise DiskFull(f"disk full: no space left on the device of {folder} while writing {what}"
+                       f"{'; ' + after if after else ''}; free some space and rerun the same command with "
+                       "--resume_from_checkpoint latest") from None
+
+
+def agree(accelerator, error: Optional[BaseException]) -> None:
+    """Every rank calls this with what it failed with (or None); if any rank failed, every rank raises: its own
+    error, or else the first failed rank's. So all ranks stop at the same point and none waits for a peer that has
+    gone. One collective when world > 1."""
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        sent = None if error is None else error if isinstance(error, ConfigError) else \
+            RuntimeError(f"rank {accelerator.process_index} failed: {type(error).__name__}: {error}")
+        first = next((e for e in gather_object([sent]) if e is not None), None)
+        if error is None and first is not None:
+            raise first
+    if error is not None:
+        raise error  # this rank's own (with its traceback if it is a bug)
