@@ -8,18 +8,21 @@
 Every field of adaptive.config.TrainConfig is a flag; the preset fills the flags not given. Resuming takes the run's
 saved config.json (flags given override it; model/objective changes are refused); --config FILE starts from a saved
 config; --print_config prints the resolved config and exits.
-Exit status: 0 done; 2 bad input (one line on stderr); 3 trained and saved locally, but the final --push_to_hub upload
-did not reach the Hub (the printed command retries it).
+Exit status: 0 done (or stopped by a signal / the budget, checkpoint written); 2 bad input (one line on stderr); 3
+trained and saved locally, but the final --push_to_hub upload did not reach the Hub (the printed command retries it);
+4 training diverged, 5 disk full, 6 lost a peer rank, 3 or 7 a launch that formed no process group (adaptive/faults.py).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import json
 from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser, add_config_arguments, resolve_config
+from adaptive.control import StopControl
 
 
 def parse_args(argv=None):
@@ -49,6 +52,7 @@ def saved_config(args) -> dict:
 
 
 def main(argv=None) -> int:
+    control = StopControl()  # first, before torch is imported: SIGTERM during start-up or export stops cleanly
     try:
         args = parse_args(argv)
         cfg = resolve_config(args, saved=saved_config(args))
@@ -57,10 +61,21 @@ def main(argv=None) -> int:
             return 0
         from adaptive.loop import train
 
-        summary = train(cfg)
+        summary = train(cfg, control)
     except ConfigError as e:
-        print(f"train_accelerate.py: error: {e}", file=sys.stderr)
-        return 2
+        if int(os.environ.get("RANK", "0")) == 0:  # every rank raises the same; the launcher's rank 0 says it once
+            print(f"train_accelerate.py: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Exception as e:
+        from adaptive.faults import lost_peer
+
+        lost = lost_peer(e)  # this rank's own view of a peer that ended or hung (not a bug here: no traceback)
+        if lost is None:
+            raise
+        print(f"train_accelerate.py: error: {lost}", file=sys.stderr)
+        return lost.exit_code
+    finally:
+        control.restore_handlers()
     from adaptive.hub import EXIT_UPLOAD_FAILED
 
     return EXIT_UPLOAD_FAILED if summary.get("hub") == "not uploaded" else 0  # trained and saved; not on the Hub

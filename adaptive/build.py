@@ -4,6 +4,7 @@ timestep sampler (`setup` -> `Run`). Also used by benchmarks/ to time each metho
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -16,10 +17,11 @@ from .checkpoint import Progress, TrainState
 from .config import ConfigError, TrainConfig, replace
 from .data import Layout, load_train_data
 from .ema import EMA
+from .faults import LaunchError, agree
 from .losses import DiffusionTables
 from .model import build_noise_scheduler, build_unet
 from .phema import PowerEMAs
-from .rundir import clear_run, run_holds_training
+from .rundir import lock_output_dir
 from .seeding import seed_for
 from .stats import Stats
 from .timesteps import build_sampler
@@ -45,6 +47,7 @@ class Run:
     max_steps: int
     progress: Progress = field(default_factory=Progress)
     stats: Stats = field(default_factory=Stats)
+    lock: object = None  # the output folder's lock file, held for the run's lifetime (main process)
 
 
 def make_accelerator(cfg: TrainConfig):
@@ -63,11 +66,12 @@ def make_accelerator(cfg: TrainConfig):
         project_config=ProjectConfiguration(project_dir=cfg.output_dir,
                                             logging_dir=os.path.join(cfg.output_dir, cfg.logging_dir)),
         step_scheduler_with_optimizer=False,  # we step the LR schedule once per optimizer step, whatever the world size
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=1))],
+        # how long a collective waits for a stopped or wedged rank before failing (a dead rank fails it at once)
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.ddp_timeout_minutes))],
     )
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
-        raise ConfigError(
+        raise LaunchError(
             f"{launched} processes were launched but they did not join one process group; on a CPU host run "
             "ACCELERATE_USE_CPU=1 accelerate launch --config_file accelerate_configs/cpu_2proc.yaml ..."
         )
@@ -87,6 +91,42 @@ def raise_on_every_rank(accelerator, main_error: Optional[str]) -> None:
         raise ConfigError(main_error)
 
 
+def check_buildable(cfg: TrainConfig) -> None:
+    """Build the U-Net and run one forward pass on the meta device (no memory, no compute, ~0.2 s), and the optimizer
+    on one tensor: flags that Diffusers or torch refuse become a one-line ConfigError before anything is loaded or
+    written."""
+    try:
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            unet = build_unet(cfg).eval()
+            unet(torch.zeros(1, 3, cfg.resolution, cfg.resolution), torch.zeros(1, dtype=torch.long))
+    except Exception as e:
+        raise ConfigError("the U-Net cannot be built from --block_out_channels/--down_block_types/--up_block_types/"
+                          f"--attention_head_dim/--norm_num_groups/--layers_per_block: {type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+    try:
+        build_optimizer(cfg, [torch.zeros(1, requires_grad=True)])
+    except ValueError as e:
+        raise ConfigError(f"the optimizer refuses these settings: {e}") from None
+
+
+def apply_optimizer_settings(run: Run) -> None:
+    """After a resume: the optimizer and LR schedule come back with the hyper-parameters they were saved with; the
+    configured ones apply from the resumed step on (the schedule's shape, warm-up and horizon already follow the
+    flags). Only values that differ are touched, so an unchanged resume stays bit-identical."""
+    cfg, schedule = run.cfg, getattr(run.lr_scheduler, "scheduler", run.lr_scheduler)
+    settings = {"betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_epsilon,
+                "weight_decay": cfg.adam_weight_decay}
+    for i, group in enumerate(run.optimizer.param_groups):
+        for key, value in settings.items():
+            if (tuple(group[key]) if key == "betas" else group[key]) != value:
+                group[key] = value
+        if schedule.base_lrs[i] != cfg.learning_rate:
+            schedule.base_lrs[i] = group["initial_lr"] = cfg.learning_rate
+            group["lr"] = cfg.learning_rate * schedule.lr_lambdas[i](schedule.last_epoch)  # what LambdaLR computes
+            schedule._last_lr[i] = group["lr"]
+
+
 def build_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
     """AdamW (= Adam with weight decay 0, as DDPM), foreach kernels."""
     return torch.optim.AdamW([{"params": list(params), "weight_decay": cfg.adam_weight_decay}], lr=cfg.learning_rate,
@@ -97,14 +137,20 @@ def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
     return cfg.max_train_steps if cfg.max_train_steps is not None else cfg.num_epochs * steps_per_epoch
 
 
-def prepare_output_dir(accelerator, cfg: TrainConfig, resume_from: Optional[Path]) -> None:
-    """Main process: clear a replaced run (--overwrite_output_dir), create the folder; every rank waits."""
-    out = Path(cfg.output_dir)
+def prepare_output_dir(accelerator, cfg: TrainConfig, log):
+    """Main process: create the folder and lock it for the run's lifetime (returns the lock); every rank raises if
+    that failed. Nothing is cleared here: a replaced run is cleared right before training (session.start_session)."""
+    out, lock, error = Path(cfg.output_dir), None, None
     if accelerator.is_main_process:
-        if cfg.overwrite_output_dir and run_holds_training(out) and resume_from is None:
-            clear_run(out, cfg.logging_dir)
-        out.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            lock = lock_output_dir(out, log)
+        except OSError as e:
+            error = ConfigError(f"cannot create --output_dir {out}: {e.strerror}")
+        except ConfigError as e:
+            error = e
+    agree(accelerator, error)
+    return lock
 
 
 def build_model(cfg: TrainConfig, device: torch.device):
@@ -120,8 +166,7 @@ def build_model(cfg: TrainConfig, device: torch.device):
     return unet, noise_scheduler, DiffusionTables.build(noise_scheduler.alphas_cumprod, cfg, device)
 
 
-def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=None,
-          main_error: Optional[str] = None) -> Run:
+def setup(cfg: TrainConfig, log, entries=None, main_error: Optional[str] = None) -> Run:
     """Accelerator, data on the device, model, noise schedule, timestep sampler, EMA, optimizer, LR schedule; the
     TrainState registered with the accelerator (so save_state/load_state carry it). `main_error`: a check that only
     the main process made failed (the Hub check, `rundir.connect_hub`): raised on every rank before anything is
@@ -138,7 +183,7 @@ def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=Non
     layout = Layout(cfg.train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps)
     with accelerator.main_process_first():
         data = load_train_data(cfg, layout, accelerator.process_index, device, entries, log)
-    prepare_output_dir(accelerator, cfg, resume_from)
+    lock = prepare_output_dir(accelerator, cfg, log)
 
     # Build the model, timestep sampler, EMA, optimizer and LR schedule.
     unet, noise_scheduler, tables = build_model(cfg, device)
@@ -158,7 +203,7 @@ def setup(cfg: TrainConfig, log, resume_from: Optional[Path] = None, entries=Non
         unet.compile()  # in place: the parameters and state_dict keys stay those of the bare U-Net
     model, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     run = Run(cfg, accelerator, layout, data, unet, model, noise_scheduler, tables, timesteps, ema, phema, optimizer,
-              lr_scheduler, max_steps)
+              lr_scheduler, max_steps, lock=lock)
     TrainState(run.progress, timesteps, ema, phema).register(accelerator)
     return run
 

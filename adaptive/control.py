@@ -4,21 +4,24 @@ Ranks see signals and clocks at slightly different moments, so the decision is a
 process group, asynchronously: the flag sent at step s is read at step s+1. Every rank therefore stops after the
 same step, without a collective or host sync on the training device, and agrees on why: a signal on any rank
 (preempted: checkpoint only) outranks a spent budget (finished: checkpoint and export).
+
+The handlers are installed first thing (train_accelerate.main, before torch is imported) and stay until the run's
+end: a signal during start-up stops the run after its first step (checkpoint written), one during the final export
+lets the export finish; either way the exit status is 0.
 """
 
 from __future__ import annotations
 
 import signal
+from datetime import timedelta
 from typing import Optional
-
-import torch
-import torch.distributed as dist
 
 
 class StopControl:
-    def __init__(self, world_size: int, budget_seconds: Optional[float] = None, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)):
-        self.world_size = world_size
-        self.budget_seconds = budget_seconds
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)):
+        """Install the signal handlers (cheap: no torch); `attach` adds the ranks and the budget once they exist."""
+        self.world_size = 1
+        self.budget_seconds: Optional[float] = None
         self.reason: Optional[str] = None  # why this rank wants to stop
         self.preempted = False  # the agreed kind of stop: True = a signal (on any rank), False = the budget
         self._previous = {}
@@ -27,9 +30,19 @@ class StopControl:
                 self._previous[s] = signal.signal(s, self._on_signal)
             except ValueError:  # not in the main thread (e.g. under a test runner thread)
                 pass
-        self._group = dist.new_group(backend="gloo") if world_size > 1 and dist.is_initialized() else None
+        self._group = self._flag = self._work = None
+
+    def attach(self, world_size: int, budget_seconds: Optional[float] = None,
+               timeout: Optional[timedelta] = None) -> "StopControl":
+        """Every rank, once the process group exists: the CPU (gloo) group the decision is all-reduced on."""
+        import torch
+        import torch.distributed as dist
+
+        self.world_size, self.budget_seconds = world_size, budget_seconds
+        self._group = dist.new_group(backend="gloo", timeout=timeout) if world_size > 1 and dist.is_initialized() \
+            else None
         self._flag = torch.zeros(1)
-        self._work = None
+        return self
 
     def _on_signal(self, signum, frame):
         if signum == signal.SIGINT and self._signalled and self.reason.startswith("received SIGINT"):
@@ -51,6 +64,9 @@ class StopControl:
         if self._group is None:
             self.preempted = local == 2.0
             return local > 0
+        import torch
+        import torch.distributed as dist
+
         decided = 0.0
         if self._work is not None:
             self._work.wait()
@@ -64,12 +80,16 @@ class StopControl:
         return decided > 0
 
     def close(self) -> None:
-        """Finish the outstanding all-reduce and restore the previous signal handlers."""
+        """Finish the outstanding all-reduce (every rank) and restore the previous signal handlers."""
         if self._work is not None:
             self._work.wait()
             self._work = None
+        self.restore_handlers()
+
+    def restore_handlers(self) -> None:
         for s, h in self._previous.items():
             try:
                 signal.signal(s, h)
             except (ValueError, TypeError):
                 pass
+        self._previous = {}

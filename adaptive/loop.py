@@ -12,10 +12,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .build import Run, run_fraction, setup
-from .checkpoint import save_checkpoint
+from .build import Run, apply_optimizer_settings, check_buildable, run_fraction, setup
+from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .config import TrainConfig
+from .control import StopControl
 from .data import open_entries
+from .faults import Diverged, writing
 from .image_sampler import generate_distributed, save_grid
 from .losses import per_sample_mse, q_sample, training_target
 from .rundir import artifact, check_output_dir, connect_hub, export_pipeline, finished_run
@@ -85,27 +87,33 @@ def gather_global_batch(accelerator, layout, local_t: torch.Tensor, losses: torc
     return order(local_t), order(losses)
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train as configured; returns a summary (final step, train seconds, why it stopped)."""
+def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
+    """Train as configured; returns a summary (final step, train seconds, why it stopped). `control`: the stop
+    signals' handler, if the caller installed it earlier (train_accelerate.py does, before importing torch)."""
     log = main_process_logger()
+    control = control or StopControl()
 
-    # Check the output folder, the data source and (main process) the Hub token and repo before anything starts
-    # (bad input: one line, nothing touched).
+    # Check the model flags, the output folder, the data source and (main process) the Hub token and repo before
+    # anything starts (bad input: one line, nothing touched; a replaced run is cleared only right before training,
+    # in start_session).
+    check_buildable(cfg)
     resume_from = check_output_dir(cfg, log)
     entries = open_entries(cfg)
     uploader, hub_error = connect_hub(cfg, log)
 
-    # Build everything: accelerator, data, model, EMA, optimizer, LR schedule, timestep sampler.
-    run = setup(cfg, log, resume_from, entries, main_error=hub_error)
+    # Build everything: accelerator, data, model, EMA, optimizer, LR schedule, timestep sampler; lock the folder.
+    run = setup(cfg, log, entries, main_error=hub_error)
     cfg, acc, progress = run.cfg, run.accelerator, run.progress
 
     # Resume (or start), record the run, open the trackers, evaluator and uploader.
     if resume_from is not None:
-        acc.load_state(str(resume_from))
+        load_checkpoint(acc, resume_from)
+        apply_optimizer_settings(run)  # a changed --learning_rate / --adam_* applies from here on
         why = finished_run(cfg, progress, run.max_steps)
         if why:  # every rank loaded the same state, so every rank returns here (no collective is skipped)
+            control.restore_handlers()
             return nothing_to_train(run, why, log, uploader)
-    session = start_session(run, resume_from, log, uploader)
+    session = start_session(run, resume_from, log, control, uploader)
     sampling_unet = run.ema.model if run.ema else run.unet  # previews, evaluation and export use the EMA weights
     batches = run.data.batches(progress.step)
 
@@ -130,29 +138,36 @@ def train(cfg: TrainConfig) -> dict:
         if session.evaluator is not None and session.evaluator.due(progress.step):
             evaluate(run, session, sampling_unet)
 
-        # Sample grid, post-hoc EMA snapshot, checkpoint, export; stop when asked to or out of budget.
+        # Sample grid, post-hoc EMA snapshot, checkpoint, export (never from non-finite weights); stop when asked to
+        # or out of budget.
         stop = session.control.should_stop(progress.train_seconds)
         done = stop or progress.step >= run.max_steps
-        if every(progress.step, cfg.save_images_steps) and not done:
+        grid_due = every(progress.step, cfg.save_images_steps) and not done
+        snapshot_due = run.phema is not None and every(progress.step, cfg.ema_snapshot_steps)
+        checkpoint_due = every(progress.step, cfg.checkpointing_steps) or done
+        export_due = every(progress.step, cfg.save_model_steps) and not done
+        if grid_due or snapshot_due or checkpoint_due or export_due:
+            check_finite(run, session)
+        if grid_due:
             preview(run, session, sampling_unet)
-        if run.phema is not None and every(progress.step, cfg.ema_snapshot_steps) and acc.is_main_process:
-            run.phema.save_snapshots(artifact(Path(cfg.output_dir), "ema_snapshots"))
-        if every(progress.step, cfg.checkpointing_steps) or done:
+        if snapshot_due and acc.is_main_process:
+            save_snapshots(run)
+        if checkpoint_due:
             checkpoint(run, session)
-        if every(progress.step, cfg.save_model_steps) and not done:
+        if export_due:
             publish(run, session, sampling_unet, f"pipeline at step {progress.step}")
         if stop:
             log(f"stopping after step {progress.step}: {session.control.reason}; checkpoint written, rerun the same "
                 "command with --resume_from_checkpoint latest to continue")
             break
     session.bar.close()
-    session.control.close()
 
-    # Final grid, snapshot and export (skipped when preempted: the checkpoint is what matters then).
+    # Final grid, snapshot and export (skipped when preempted: the checkpoint is what matters then). The signal
+    # handlers stay until end(): a signal now lets the export finish.
     preempted = session.control.preempted
     if not preempted:
         if run.phema is not None and acc.is_main_process and not every(progress.step, cfg.ema_snapshot_steps):
-            run.phema.save_snapshots(artifact(Path(cfg.output_dir), "ema_snapshots"))
+            save_snapshots(run)
         grid = preview(run, session, sampling_unet)
         publish(run, session, sampling_unet, f"final pipeline at step {progress.step}", grid)
     return end(run, session, "preempted" if preempted else None)
@@ -167,7 +182,8 @@ def every(step: int, interval: Optional[int]) -> bool:
 
 def log_statistics(run: Run, session: Session) -> None:
     """Flush the step statistics (one collective, one host sync) and the timestep diagnostics to stats.jsonl, the
-    trackers and the progress bar (or one line per log step when not on a terminal)."""
+    trackers and the progress bar (or one line per log step when not on a terminal); then stop the run (Diverged,
+    on every rank: the values are reduced) if the loss or the gradient norm was not finite."""
     progress = run.progress
     values = run.stats.flush(run.accelerator)
     values.update(session.report.record(run.timesteps, progress.step))
@@ -184,6 +200,28 @@ def log_statistics(run: Run, session: Session) -> None:
     if session.bar.disable:
         session.log(f"step {progress.step}/{run.max_steps} loss={loss:.4f} img/s={record['img_per_s']:.0f} "
                     f"lr={record['lr']:.2e} train_time={progress.train_seconds:.0f}s")
+    # fp16: the GradScaler skips steps with non-finite gradients itself (and lowers its scale), so only the loss
+    checked = ("loss",) if run.accelerator.scaler is not None else ("loss", "grad_norm")
+    bad = [f"{k} = {values[k]}" for k in checked if k in values and not math.isfinite(values[k])]
+    first, session.logged_step = session.logged_step + 1, progress.step
+    if bad:
+        window = f" (mean over steps {first}-{progress.step})" if first < progress.step else ""
+        raise diverged(run, f"{' and '.join(bad)} at step {progress.step}{window}")
+
+
+def check_finite(run: Run, session: Session) -> None:
+    """Before anything is written from the weights (grid, snapshot, checkpoint, export): Diverged if one is not
+    finite (every rank: the weights are identical). Sync point: once per write, not per step."""
+    finite = torch.stack([torch.isfinite(p).all() for p in run.unet.parameters()]).all()
+    if not finite.item():
+        raise diverged(run, f"non-finite weights after step {run.progress.step}")
+
+
+def diverged(run: Run, what: str) -> Diverged:
+    newest = list_checkpoints(Path(run.cfg.output_dir))[-1:]
+    return Diverged(f"training diverged: {what}; nothing was saved from non-finite weights; "
+                    + (f"resume from {newest[0].name}, the newest checkpoint, " if newest else "restart ")
+                    + "with a lower --learning_rate or gradient clipping (--max_grad_norm)")
 
 
 def window_rate(session: Session, progress) -> float:
@@ -217,11 +255,19 @@ def preview(run: Run, session: Session, unet) -> Optional[Path]:
     if not run.accelerator.is_main_process:
         return None
     out = Path(cfg.output_dir)
-    session.report.save_heatmap(artifact(out, "heatmap"), cfg.ddpm_num_steps,
-                                f"p(t) over training - {cfg.timestep_sampler}")
-    path = save_grid(images, artifact(out, "samples") / f"grid_{run.progress.step:07d}.png")
+    with writing(f"the sample grid of step {run.progress.step}", out, "checkpoints are unaffected"):
+        session.report.save_heatmap(artifact(out, "heatmap"), cfg.ddpm_num_steps,
+                                    f"p(t) over training - {cfg.timestep_sampler}")
+        path = save_grid(images, artifact(out, "samples") / f"grid_{run.progress.step:07d}.png")
     log_grid(run.accelerator, np.asarray(Image.open(path)), run.progress.step)
     return path
+
+
+def save_snapshots(run: Run) -> None:
+    """Post-hoc EMA snapshots (main process)."""
+    out = Path(run.cfg.output_dir)
+    with writing(f"the post-hoc EMA snapshots of step {run.progress.step}", out, "checkpoints are unaffected"):
+        run.phema.save_snapshots(artifact(out, "ema_snapshots"))
 
 
 def checkpoint(run: Run, session: Session) -> None:

@@ -20,8 +20,9 @@ from typing import Optional
 import torch
 
 from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, find_latest, incompatible_keys, list_checkpoints,
-                         resolve_resume)
+                         resolve_resume, rotate)
 from .config import SECRET_FIELDS, ConfigError, TrainConfig
+from .faults import writing
 
 # name -> (path in output_dir, uploaded to the Hub, marks a run).  The logs folder is --logging_dir.
 ARTIFACTS: dict[str, tuple[str, bool, bool]] = {
@@ -36,6 +37,7 @@ ARTIFACTS: dict[str, tuple[str, bool, bool]] = {
     "samples": ("samples", True, False),  # grid_<step>.png
     "heatmap": ("timestep_p.png", True, False),  # p(t) over training
     "ema_snapshots": ("ema_snapshots", False, False),  # post-hoc EMA snapshots
+    "lock": (".lock", False, False),  # flock'ed by the training process for its lifetime; empty, never cleared
 }
 
 
@@ -101,22 +103,71 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
                 "use another --output_dir or --overwrite_output_dir"
             )
         changed = [k for k in changed_keys(saved, cfg.to_dict()) if k != "mixed_precision" or saved.get(k) != cfg.mixed_precision]
-        if ckpt and changed:
-            log(f"warning: resuming {ckpt.name} with changed settings: {', '.join(changed)}")
+        if ckpt and changed:  # every one applies (optimizer hyper-parameters too: build.apply_optimizer_settings)
+            log(f"warning: resuming {ckpt.name} with changed settings, which apply from its step on: "
+                f"{', '.join(changed)}")
     return ckpt
 
 
+def lock_output_dir(out: Path, log):
+    """An exclusive lock on the run folder for this process's lifetime (main process; returns the open lock file to
+    keep). A second training process on the folder gets a one-line error naming the holder's PID; the OS releases
+    the lock when the holder ends, however it ends, so a crash never leaves a stale lock."""
+    import fcntl
+
+    path = artifact(out, "lock")
+    handle = open(path, "a")  # only a handle: the file is never written
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        holder = lock_holder(path)
+        raise ConfigError(
+            f"--output_dir {out} is in use by another training process ({f'PID {holder}' if holder else 'PID unknown'});"
+            " wait for it to finish or stop it (a killed launcher's ranks may still be running), or use another "
+            "--output_dir") from None
+    except OSError as e:  # a file system without locks: train on, unprotected
+        log(f"warning: cannot lock {path} ({e.strerror}); make sure no other process trains into {out}")
+    return handle
+
+
+def lock_holder(path: Path) -> Optional[int]:
+    """The PID holding a flock on `path` (Linux /proc/locks), or None."""
+    try:
+        st = os.stat(path)
+        key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        for line in Path("/proc/locks").read_text().splitlines():
+            parts = line.split()
+            if "FLOCK" in parts and key in parts and "->" not in parts:
+                return int(parts[parts.index(key) - 1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def clear_run(out: Path, logging_dir: str) -> None:
-    """Remove a previous run's artifacts and checkpoints from `out` (only with --overwrite_output_dir)."""
+    """Remove a previous run's artifacts and checkpoints from `out` (only with --overwrite_output_dir, once every
+    check has passed, right before training; the lock file stays: the running process holds it)."""
     for p in list_checkpoints(out) + list(out.glob(".checkpoint-*.tmp")):
         shutil.rmtree(p, ignore_errors=True)
     inside = not Path(logging_dir).is_absolute() and ".." not in Path(logging_dir).parts
     for path, _, _ in [*ARTIFACTS.values(), *([(logging_dir, False, False)] if inside else [])]:
+        if path == ARTIFACTS["lock"][0]:
+            continue
         target = out / path
         if target.is_dir():
             shutil.rmtree(target, ignore_errors=True)
         else:
             target.unlink(missing_ok=True)
+
+
+def prepare_for_training(cfg: TrainConfig, resume_from: Optional[Path]) -> None:
+    """Right before training, every check passed (main process, lock held): clear a replaced run
+    (--overwrite_output_dir) and remove temporary folders of checkpoint writes that were killed or failed."""
+    out = Path(cfg.output_dir)
+    if cfg.overwrite_output_dir and resume_from is None and run_holds_training(out):
+        clear_run(out, cfg.logging_dir)
+    rotate(out, None)
 
 
 # ------------------------------------------------------------------------------------------------ provenance
@@ -127,7 +178,7 @@ def run_info(accelerator, cfg: TrainConfig, layout, num_params: int, data) -> di
     import diffusers
 
     return {
-        "command": scrubbed_command(sys.argv),
+        "command": scrubbed_command(sys.argv, run_secrets(cfg)),
         "world_size": accelerator.num_processes,
         "device": str(accelerator.device),
         "device_name": torch.cuda.get_device_name() if accelerator.device.type == "cuda" else platform.processor() or platform.machine(),
@@ -144,31 +195,39 @@ def run_info(accelerator, cfg: TrainConfig, layout, num_params: int, data) -> di
 
 def write_run_records(out: Path, cfg: TrainConfig, info: dict, timesteps: dict) -> None:
     """config.json and run_info.json (main process)."""
-    artifact(out, "config").write_text(cfg.to_json())
-    artifact(out, "run_info").write_text(json.dumps({**info, "sampler": timesteps}, indent=2))
+    with writing("config.json and run_info.json", out):
+        artifact(out, "config").write_text(cfg.to_json())
+        artifact(out, "run_info").write_text(json.dumps({**info, "sampler": timesteps}, indent=2))
 
 
-def scrubbed_command(argv: list[str]) -> str:
-    """The command line with the value of --hub_token replaced by ***."""
-    return " ".join(scrubbed_argv(argv))
+def scrubbed_command(argv: list[str], secrets=()) -> str:
+    """The command line with the secrets replaced by *** (scrubbed_argv)."""
+    return " ".join(scrubbed_argv(argv, secrets))
 
 
-def scrubbed_argv(argv: list[str]) -> list[str]:
-    """argv with the value of --hub_token replaced by ***."""
+def scrubbed_argv(argv: list[str], secrets=()) -> list[str]:
+    """argv with the value of --hub_token replaced by ***, and every secret value in `secrets` (the parsed values of
+    the SECRET_FIELDS flags and $HF_TOKEN: run_secrets) wherever it occurs, however the flag was spelled."""
+    values = [v for v in secrets if v]
     out, hide = [], False
     secret_flags = [f"--{name}" for name in SECRET_FIELDS]
     for a in argv:
         if hide:
-            out.append("***")
-            hide = False
+            a, hide = "***", False
         elif a in secret_flags:
-            out.append(a)
             hide = True
         elif any(a.startswith(f + "=") for f in secret_flags):
-            out.append(a.split("=", 1)[0] + "=***")
-        else:
-            out.append(a)
+            a = a.split("=", 1)[0] + "=***"
+        for v in values:
+            a = a.replace(v, "***")
+        out.append(a)
     return out
+
+
+def run_secrets(cfg: TrainConfig) -> list[str]:
+    """Secret values of this run: the parsed SECRET_FIELDS and $HF_TOKEN (never written anywhere)."""
+    return [v.strip() for v in [*(getattr(cfg, name) for name in SECRET_FIELDS), os.environ.get("HF_TOKEN")]
+            if v and v.strip()]
 
 
 def rerun_command(argv: list[str]) -> str:
@@ -209,10 +268,11 @@ def export_pipeline(cfg: TrainConfig, unet, noise_scheduler, progress, info: dic
     from .model_card import write_model_card
 
     out = Path(cfg.output_dir)
-    DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(out, safe_serialization=True)
-    write_model_card(out, cfg, progress, info, metrics, repo_id=info.get("hub_repo_id"))
-    # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
-    artifact(out, "export_record").write_text(json.dumps({"step": progress.step, "metrics": metrics}, indent=2))
+    with writing(f"the pipeline of step {progress.step}", out, "checkpoints are unaffected"):
+        DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(out, safe_serialization=True)
+        write_model_card(out, cfg, progress, info, metrics, repo_id=info.get("hub_repo_id"))
+        # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
+        artifact(out, "export_record").write_text(json.dumps({"step": progress.step, "metrics": metrics}, indent=2))
 
 
 def finished_run(cfg: TrainConfig, progress, max_steps: int) -> Optional[str]:
@@ -314,6 +374,6 @@ def finish_uploads(uploader, cfg: TrainConfig, log, timeout: float) -> bool:
 
 
 __all__ = ["ARTIFACTS", "artifact", "check_output_dir", "clear_run", "connect_hub", "export_pipeline",
-           "finish_uploads", "finished_run", "git_commit", "hub_patterns", "load_pipeline", "pipeline_from_checkpoint",
-           "public_bytes", "rerun_command", "run_holds_training", "run_info", "scrubbed_argv", "scrubbed_command",
-           "write_run_records"]
+           "finish_uploads", "finished_run", "git_commit", "hub_patterns", "load_pipeline", "lock_output_dir",
+           "pipeline_from_checkpoint", "prepare_for_training", "public_bytes", "rerun_command", "run_holds_training",
+           "run_info", "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]

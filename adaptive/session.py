@@ -7,13 +7,14 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
 from .build import Run
 from .control import StopControl
 from .model import count_parameters
-from .rundir import artifact, finish_uploads, run_info, write_run_records
+from .rundir import artifact, finish_uploads, prepare_for_training, run_info, write_run_records
 from .stats import JsonlWriter, tracker_config
 from .timesteps.report import TimestepReport
 
@@ -31,6 +32,7 @@ class Session:
     evaluator: object = None
     report: TimestepReport = field(default_factory=TimestepReport)
     window: tuple = (0.0, 0)  # (train seconds, images seen) at the start of the current log window
+    logged_step: int = 0  # the step of the last statistics flush (all finite up to it)
     last_metrics: Optional[dict] = None  # the latest evaluation record (for the model card)
 
 
@@ -57,17 +59,27 @@ def nothing_to_train(run: Run, why: str, log, uploader=None) -> dict:
     if uploader is not None:  # the upload may be what the rerun is for
         uploader.push(Path(cfg.output_dir), f"final pipeline at step {progress.step}")
         uploaded = finish_uploads(uploader, cfg, log, cfg.hub_upload_timeout)
+    if run.lock is not None:
+        run.lock.close()
     return {"step": progress.step, "train_seconds": progress.train_seconds, "stopped": "finished",
             "world_size": run.accelerator.num_processes, **({} if uploaded else {"hub": "not uploaded"})}
 
 
-def start_session(run: Run, resume_from: Optional[Path], log, uploader=None) -> Session:
-    """Run records, stats file (rewound to the resumed step), trackers, evaluator, stop control, bar; keeps the Hub
+def start_session(run: Run, resume_from: Optional[Path], log, control: StopControl, uploader=None) -> Session:
+    """Evaluator (the last check that can fail on bad input), then - nothing written before - the replaced run
+    cleared, run records, stats file (rewound to the resumed step), trackers, stop control, bar; keeps the Hub
     uploader (main process, repo already checked by `rundir.connect_hub`)."""
     from tqdm.auto import tqdm
 
     cfg, acc, progress = run.cfg, run.accelerator, run.progress
     out, is_main = Path(cfg.output_dir), acc.is_main_process
+    evaluator = None
+    if cfg.eval_steps or cfg.eval_at_steps:
+        from .evaluation import InTrainingEvaluator
+
+        evaluator = InTrainingEvaluator(cfg, acc, run.data.images, log)
+    if is_main:
+        prepare_for_training(cfg, resume_from)
     stats_file = JsonlWriter(artifact(out, "stats"), is_main)
     if resume_from is not None:
         stats_file.truncate_after(progress.step)
@@ -80,21 +92,17 @@ def start_session(run: Run, resume_from: Optional[Path], log, uploader=None) -> 
         info["hub_repo_id"] = uploader.repo_id  # the model card's usage snippet loads it
     if is_main:
         write_run_records(out, cfg, info, run.timesteps.describe())
-    evaluator = None
-    if cfg.eval_steps or cfg.eval_at_steps:
-        from .evaluation import InTrainingEvaluator
-
-        evaluator = InTrainingEvaluator(cfg, acc, run.data.images, log)
     acc.init_trackers(cfg.tracker_project_name, config=tracker_config(cfg))
     log(f"world_size={acc.num_processes} device={acc.device} mixed_precision={acc.mixed_precision} "
         f"params={num_params:,} global_batch={run.layout.global_batch} (= {cfg.train_batch_size} per device x "
         f"{acc.num_processes} processes x {cfg.gradient_accumulation_steps} accumulation) steps={run.max_steps} "
         f"sampler={run.timesteps.name} weighting={cfg.loss_weighting}")
-    control = StopControl(acc.num_processes, cfg.max_train_minutes * 60 if cfg.max_train_minutes else None)
+    control.attach(acc.num_processes, cfg.max_train_minutes * 60 if cfg.max_train_minutes else None,
+                   timedelta(minutes=cfg.ddp_timeout_minutes))
     bar = tqdm(total=run.max_steps, initial=progress.step, disable=not (is_main and sys.stdout.isatty()), desc="train",
                unit="step", dynamic_ncols=True, file=sys.stdout)
     return Session(log, info, stats_file, control, bar, uploader, evaluator,
-                   window=(progress.train_seconds, progress.images_seen))
+                   window=(progress.train_seconds, progress.images_seen), logged_step=progress.step)
 
 
 def end(run: Run, session: Session, stopped: Optional[str]) -> dict:
@@ -103,6 +111,9 @@ def end(run: Run, session: Session, stopped: Optional[str]) -> dict:
     cfg = run.cfg
     timeout = min(30.0, cfg.hub_upload_timeout) if stopped == "preempted" else cfg.hub_upload_timeout
     uploaded = finish_uploads(session.uploader, cfg, session.log, timeout)
+    session.control.close()  # restores the signal handlers: a signal during the export above let it finish
+    if run.lock is not None:
+        run.lock.close()
     run.accelerator.wait_for_everyone()
     run.accelerator.end_training()
     summary = {"step": run.progress.step, "train_seconds": run.progress.train_seconds,

@@ -67,6 +67,8 @@ class EDM2UncertaintySampler(UniformSampler):
         with torch.no_grad():
             self.u.copy_(state["u"].to(self.device))
         self.opt.load_state_dict(state["opt"])
+        for group in self.opt.param_groups:  # the configured --uncertainty_lr applies on resume, not the saved one
+            group["lr"] = self.opt.defaults["lr"]
 
     def describe(self):
         return {**super().describe(), "objective": "sum_t w(t) MSE_t / e^{u_t}, u_t -> log E[w(t) MSE_t] (EDM2 balance)"}
