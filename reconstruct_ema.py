@@ -21,6 +21,8 @@ def parse_args(argv=None):
     p.add_argument("--sigma_rel", type=float, nargs="+", required=True, help="EMA length(s) to reconstruct (relative std)")
     p.add_argument("--at_step", type=int, default=None, help="optimizer step to reconstruct at (default: last snapshot)")
     p.add_argument("--output_dir", default=None, help="where to write the pipeline (default: run_dir/phema-<sigma>)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a pipeline already in the output folder (e.g. the run's own export in run_dir)")
     return p.parse_args(argv)
 
 
@@ -54,9 +56,15 @@ def main(argv=None) -> int:
     try:
         if not (run_dir / "config.json").is_file():
             raise ConfigError(f"--run_dir {run_dir} has no config.json (not a training run)")
-        for s in args.sigma_rel:
-            out = Path(args.output_dir) if args.output_dir and len(args.sigma_rel) == 1 else \
-                (Path(args.output_dir or run_dir) / f"phema-{s:.3f}")
+        outs = [Path(args.output_dir) if args.output_dir and len(args.sigma_rel) == 1 else
+                Path(args.output_dir or run_dir) / f"phema-{s:.3f}" for s in args.sigma_rel]
+        for out in outs:
+            own = out.resolve() == run_dir.resolve()
+            if (own or (out / "model_index.json").exists()) and not args.overwrite:
+                what = "is the run folder (its exported pipeline would be replaced)" if own else \
+                    "already holds a pipeline"
+                raise ConfigError(f"--output_dir {out} {what}; pass --overwrite to replace it, or choose another folder")
+        for s, out in zip(args.sigma_rel, outs):
             info = export(run_dir, s, args.at_step, out)
             print(f"sigma_rel={s:g} at step {info['at_step']} from {info['num_snapshots']} snapshots -> {out}")
     except ConfigError as e:
