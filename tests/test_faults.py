@@ -1,0 +1,429 @@
+"""Faults an adversarial user hits (issue 15): nothing is lost, nothing hangs, nothing leaks, and each fault is one
+line and a distinct exit status instead of a traceback. One test per item; the item number is in the test's name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from adaptive.checkpoint import MANIFEST, list_checkpoints, verify_checkpoint, write_manifest
+from adaptive.config import ConfigError, resolve_config
+from adaptive.rundir import lock_output_dir, run_secrets, scrubbed_command
+
+from conftest import ACCELERATE, ROOT, run_cli, tiny_args
+
+SECRET, ENV_SECRET = "hf_FaultsTestSecretToken0123456789", "hf_FaultsTestEnvToken9876543210"
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line_error(proc_or_err, returncode: int, message: str) -> str:
+    """The process exited `returncode` with exactly one non-empty stderr line, containing `message`."""
+    err = proc_or_err if isinstance(proc_or_err, str) else proc_or_err.stderr
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    if not isinstance(proc_or_err, str):
+        assert proc_or_err.returncode == returncode, (proc_or_err.returncode, err[-3000:])
+    assert len(lines) == 1 and message in lines[0], err[-3000:]
+    return lines[0]
+
+
+def cli(argv, capsys) -> tuple[int, str]:
+    """train_accelerate.main in this process: (exit status, stderr)."""
+    from train_accelerate import main
+
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, image_folder) -> tuple[Path, list[str]]:
+    """A finished 2-step run (checkpoint-1, checkpoint-2, post-hoc EMA snapshots, export) and its arguments; given
+    a token with --hub_token=... and another in $HF_TOKEN. Tests copy it (`fresh`)."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    args = tiny_args(image_folder, run, "--max_train_steps", "2", "--checkpointing_steps", "1", "--logging_steps", "1",
+                     "--save_images_steps", "none", "--lr_warmup_steps", "4", "--ema_snapshots", "0.05", "0.10",
+                     "--ema_snapshot_steps", "1")
+    run_cli("train_accelerate.py", [*args, f"--hub_token={SECRET}"], env={"HF_TOKEN": ENV_SECRET})
+    return run, args
+
+
+def fresh(trained, tmp_path: Path) -> tuple[Path, list[str]]:
+    run, args = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    return copy, [str(copy) if a == str(run) else a for a in args]
+
+
+# ---------------------------------------------------------------------------------------------- data loss
+
+
+BAD_FLAGS = {"--adam_beta1 2": ["--adam_beta1", "2"], "--learning_rate nan": ["--learning_rate", "nan"],
+             "--attention_head_dim 0": ["--attention_head_dim", "0"],
+             "--down_block_types Foo Bar Baz": ["--down_block_types", "Foo", "Bar", "Baz"]}
+
+
+@pytest.mark.slow
+def test_1_overwrite_clears_nothing_until_every_check_passed(trained, tmp_path, capsys):
+    run, args = fresh(trained, tmp_path)
+    before = snapshot(run)
+    for name, flags in BAD_FLAGS.items():
+        code, err = cli([*args, "--overwrite_output_dir", *flags], capsys)
+        assert code == 2, (name, err)
+        one_line_error(err, 2, "error:")
+        assert snapshot(run) == before, name
+    # the latest check of all: the evaluator's feature network (after data, model and optimizer were built)
+    (tmp_path / "not_torchscript.pt").write_bytes(b"not a TorchScript archive")
+    proc = run_cli("train_accelerate.py", [*args, "--overwrite_output_dir", "--eval_steps", "1",
+                                           "--eval_feature_extractor", str(tmp_path / "not_torchscript.pt")],
+                   check=False)
+    one_line_error(proc, 2, "is not a TorchScript feature network")
+    assert snapshot(run) == before
+
+
+@pytest.mark.slow
+def test_2_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path, image_folder):
+    run = tmp_path / "run"
+    proc = run_cli("train_accelerate.py", tiny_args(
+        image_folder, run, "--learning_rate", "1e4", "--max_grad_norm", "0", "--lr_warmup_steps", "0",
+        "--max_train_steps", "30", "--checkpointing_steps", "1", "--checkpoints_total_limit", "1", "--logging_steps", "1",
+        "--save_images_steps", "none"), check=False)
+    line = one_line_error(proc, 4, "training diverged:")
+    assert " step " in line and "nothing was saved from non-finite weights" in line
+    assert not (run / "model_index.json").exists() and not (run / "export.json").exists()
+    ckpts = list_checkpoints(run)
+    assert len(ckpts) == 1 and verify_checkpoint(ckpts[0]) is None, ckpts  # rotation kept the newest finite one
+    assert f"resume from {ckpts[0].name}" in line
+    for name in ("model.safetensors", "ema.safetensors"):
+        assert all(torch.isfinite(t).all() for t in load_file(str(ckpts[0] / name)).values()), name
+    step = int(line.split(" step ")[1].split()[0].strip("(),;"))
+    assert int(ckpts[0].name.split("-")[1]) < step <= 30
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--learning_rate", "inf"], "--learning_rate must be a finite number"),
+    (["--max_train_minutes", "nan"], "--max_train_minutes must be a finite number"),
+    (["--lr_warmup_steps", "-5"], "--lr_warmup_steps must be >= 0"),
+])
+def test_2_non_finite_or_negative_settings_are_refused(tmp_path, capsys, flags, message):
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", str(tmp_path / "run"), *flags], capsys)
+    assert code == 2
+    one_line_error(err, 2, message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_3_an_empty_output_dir_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", ""], capsys)
+    assert code == 2
+    one_line_error(err, 2, "--output_dir must name a folder")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_4_the_output_folder_lock_names_its_holder_and_dies_with_it(tmp_path):
+    held = lock_output_dir(tmp_path, print)
+    with pytest.raises(ConfigError, match=f"in use by another training process \\(PID {os.getpid()}\\)"):
+        lock_output_dir(tmp_path, print)
+    held.close()
+    lock_output_dir(tmp_path, print).close()  # released with its holder
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from adaptive.rundir import lock_output_dir; "
+                               f"h = lock_output_dir({str(tmp_path)!r}, print); print('held', flush=True); "
+                               "time.sleep(600)"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(ConfigError, match=f"PID {holder.pid}"):
+        lock_output_dir(tmp_path, print)
+    holder.kill()  # a crash: the OS releases the lock, nothing stale is left
+    holder.wait()
+    lock_output_dir(tmp_path, print).close()
+
+
+@pytest.mark.slow
+def test_4_a_second_process_on_the_same_folder_is_refused_while_the_first_trains(tmp_path, image_folder):
+    from test_resume import last_step, start, wait_for
+
+    run = tmp_path / "run"
+    args = tiny_args(image_folder, run, "--max_train_steps", "100000", "--checkpointing_steps", "100000",
+                     "--logging_steps", "1", "--save_images_steps", "none", "--resume_from_checkpoint", "latest")
+    first = start(args)
+    try:
+        wait_for(lambda: last_step(run) >= 1, timeout=300, proc=first)
+        second = run_cli("train_accelerate.py", args, check=False)
+        one_line_error(second, 2, f"is in use by another training process (PID {first.pid})")
+        seen = last_step(run)
+        wait_for(lambda: last_step(run) >= seen + 1, timeout=300, proc=first)  # the first trains on, untouched
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out[-3000:]
+    steps = [json.loads(line)["step"] for line in (run / "stats.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))  # exactly one writer: no duplicate or missing rows
+
+
+@pytest.mark.slow
+def test_5_resume_latest_refuses_when_every_checkpoint_is_broken(trained, tmp_path, capsys):
+    run, args = fresh(trained, tmp_path)
+    (run / "checkpoint-2" / MANIFEST).unlink()
+    model = run / "checkpoint-1" / "model.safetensors"
+    model.write_bytes(b"\0" * model.stat().st_size)
+    before = snapshot(run)
+    code, err = cli([*args, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"], capsys)
+    assert code == 2
+    line = one_line_error(err, 2, "--resume_from_checkpoint latest: no valid checkpoint in")
+    assert "checkpoint-2: no manifest.json" in line and "checkpoint-1: model.safetensors is corrupt" in line
+    assert "--overwrite_output_dir" in line
+    assert snapshot(run) == before  # stats.jsonl and everything else untouched
+
+
+# ---------------------------------------------------------------------------------------------- hangs
+
+
+def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of the worker processes of an `accelerate launch`."""
+    found = {}
+    for task in Path(f"/proc/{launcher.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ranks = [int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"RANK=")]
+            if ranks:
+                found[ranks[0]] = int(pid)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
+def test_7_a_stopped_or_dead_rank_ends_the_launch_within_the_ddp_timeout(tmp_path, image_folder, fault):
+    from test_resume import last_step, wait_for
+
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
+    args = tiny_args(image_folder, run, "--max_train_steps", "100000", "--checkpointing_steps", "100000",
+                     "--logging_steps", "1", "--save_images_steps", "none", "--ddp_timeout_minutes", "0.2")
+    launcher = subprocess.Popen([ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
+                                 "--num_processes", "2", "train_accelerate.py", *args], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = {}
+    try:
+        wait_for(lambda: last_step(run) >= 2, timeout=300, proc=launcher)
+        ranks = rank_pids(launcher)
+        t0 = time.time()
+        os.kill(ranks[1], getattr(signal, fault))
+        out, _ = launcher.communicate(timeout=240)
+        took = time.time() - t0
+    finally:
+        for pid in ranks.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0
+    # 12 s of --ddp_timeout_minutes for the stopped rank (+ torchrun's 30 s grace to kill it), not the hour of old
+    assert took < (120 if fault == "SIGSTOP" else 60), (took, out[-3000:])
+
+
+@pytest.mark.slow
+def test_8_sigterm_during_start_up_or_the_final_export_stops_cleanly(tmp_path, image_folder):
+    from test_resume import start, wait_for
+
+    run = tmp_path / "startup"
+    proc = start(tiny_args(image_folder, run, "--max_train_steps", "5", "--save_images_steps", "none"))
+    lines = []
+    wait_for(lambda: lines.append(proc.stdout.readline()) or "data:" in lines[-1], proc=proc)  # before the model
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopping after step 1: received SIGTERM" in out and (run / "checkpoint-1").is_dir()
+    assert not (run / "model_index.json").exists()  # preempted: the checkpoint, no export
+
+    run = tmp_path / "export"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "tests/helpers/slow_export_train.py", "10",
+                             *tiny_args(image_folder, run, "--max_train_steps", "2", "--save_images_steps", "none")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    wait_for(lambda: lines.append(proc.stdout.readline()) or "EXPORTING" in lines[-1], timeout=300, proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert json.loads((run / "export.json").read_text())["step"] == 2  # the export finished
+
+
+# ---------------------------------------------------------------------------------------------- leaks
+
+
+@pytest.mark.parametrize("spelling", [["--hub_token", SECRET], [f"--hub_token={SECRET}"], ["--hub_t", SECRET],
+                                      [f"--hub_tok={SECRET}"], ["--hub_token", ENV_SECRET]])
+def test_9_no_token_spelling_reaches_the_recorded_command(spelling, monkeypatch):
+    from train_accelerate import parse_args
+
+    monkeypatch.setenv("HF_TOKEN", ENV_SECRET)
+    argv = ["train_accelerate.py", "--preset", "cpu-tiny16", *spelling, "--output_dir", "runs/x"]
+    try:
+        cfg = resolve_config(parse_args(argv[1:]))
+    except SystemExit as e:  # abbreviations are refused, so they can never carry a token past the scrubber
+        assert e.code == 2 and not spelling[0].startswith("--hub_token")
+        return
+    command = scrubbed_command(argv, run_secrets(cfg))
+    assert SECRET not in command and ENV_SECRET not in command and "***" in command
+
+
+def test_9_every_cli_refuses_abbreviated_flags():
+    import evaluate_fid
+    import reconstruct_ema
+    import sample
+    import train_accelerate
+
+    for module, base, flag, abbreviated in [
+            (train_accelerate, [], "--hub_token", "--hub_t"),
+            (sample, ["--model_path", "m", "--output_dir", "o"], "--num_images", "--num_im"),
+            (evaluate_fid, ["--samples", "s"], "--num_images", "--num_im"),
+            (reconstruct_ema, ["--run_dir", "r", "--sigma_rel", "0.1"], "--at_step", "--at_st")]:
+        module.parse_args([*base, flag, "3"])  # spelled out: accepted
+        with pytest.raises(SystemExit) as e:
+            module.parse_args([*base, abbreviated, "3"])
+        assert e.value.code == 2, module.__name__
+
+
+@pytest.mark.slow
+def test_9_no_token_in_any_file_of_a_run(trained):
+    run, _ = trained
+    info = json.loads((run / "run_info.json").read_text())
+    assert "--hub_token=***" in info["command"]
+    for p in run.rglob("*"):
+        if p.is_file():
+            data = p.read_bytes()
+            assert SECRET.encode() not in data and ENV_SECRET.encode() not in data, p
+
+
+# ---------------------------------------------------------------------------------------------- one-line errors
+
+
+def can_mount_tmpfs(tmp_path: Path) -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {tmp_path}"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+def test_11_disk_full_during_a_checkpoint_is_one_line_and_keeps_the_previous_one(tmp_path, image_folder):
+    if not can_mount_tmpfs(tmp_path):
+        pytest.skip("cannot mount a tmpfs here (needs unshare -rm: user and mount namespaces)")
+    flags = tiny_args(image_folder, Path("unused"), "--save_images_steps", "none")
+    flags = flags[:flags.index("--output_dir")] + flags[flags.index("--output_dir") + 2:]
+    result = tmp_path / "result.json"
+    subprocess.run(["unshare", "-rm", sys.executable, "tests/helpers/disk_full_run.py", "30", str(tmp_path / "mnt"),
+                    str(result), "--", *flags], cwd=ROOT, check=True, timeout=900)
+    r = json.loads(result.read_text())
+    assert r["first_rc"] == 0, r["first_stderr"]
+    line = one_line_error(r["second_stderr"], 5, "disk full: no space left on the device of")
+    assert r["second_rc"] == 5
+    assert "while writing checkpoint-2" in line and "checkpoint-1 is intact" in line
+    assert r["after"] == r["before"]  # the previous checkpoint, byte for byte
+    assert not [n for n in r["listing"] if n.startswith(".checkpoint-")]  # the partial and the stale one removed
+    assert "checkpoint-2" not in r["listing"]
+
+
+def test_12_manifests_of_the_wrong_shape_are_skipped_not_crashed_on(tmp_path):
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    for manifest in ['{"files": "abc"}', '{"files": {"x": null}}', '{"files": {"../../etc/passwd": {"bytes": 1, '
+                     '"sha256": "0"}}}', '[]', '{"files": {"model.safetensors": {"bytes": "1", "sha256": "0"}}}']:
+        (folder / MANIFEST).write_text(manifest)
+        reason = verify_checkpoint(folder)
+        assert reason and "\n" not in reason and MANIFEST in reason, (manifest, reason)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["model.safetensors", "training_state.pt", "optimizer.bin"])
+def test_12_a_truncated_file_under_a_recomputed_manifest_is_named_in_one_line(trained, tmp_path, capsys, name):
+    run, args = fresh(trained, tmp_path)
+    ckpt = run / "checkpoint-2"
+    with open(ckpt / name, "r+b") as f:
+        f.truncate((ckpt / name).stat().st_size // 2)
+    write_manifest(ckpt, 2)  # sizes and hashes now match the truncated file
+    assert f"{name} is unreadable" in verify_checkpoint(ckpt)
+    code, err = cli([*args, "--max_train_steps", "4", "--resume_from_checkpoint", str(ckpt)], capsys)
+    assert code == 2
+    one_line_error(err, 2, f"is not a valid checkpoint: {name} is unreadable (truncated or damaged")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--norm_num_groups", "0"], "--norm_num_groups must be >= 1"),
+    (["--attention_head_dim", "0"], "--attention_head_dim must be >= 1"),
+    (["--down_block_types", "Foo", "Bar", "Baz"], "the U-Net cannot be built"),
+    (["--attention_head_dim", "100"], "the U-Net cannot be built"),
+    (["--adam_beta1", "2"], "--adam_beta1 must be in [0, 1)"),
+    (["--adam_epsilon", "-1"], "--adam_epsilon and --adam_weight_decay must be >= 0"),
+])
+def test_13_bad_model_and_optimizer_flags_are_one_line_errors(tmp_path, capsys, flags, message):
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", str(tmp_path / "run"), *flags], capsys)
+    assert code == 2
+    one_line_error(err, 2, message)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_14_a_cpu_launch_without_accelerate_use_cpu_says_so_once_first(tmp_path, image_folder):
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    proc = subprocess.run([ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
+                           "train_accelerate.py", *tiny_args(image_folder, tmp_path / "run")], cwd=ROOT,
+                          env={**env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    err = proc.stderr
+    message = "processes were launched but they did not join one process group"
+    assert proc.returncode != 0 and err.count(message) == 1, err[-4000:]
+    first = err.index(message)
+    assert first < err.find("Traceback") if "Traceback" in err else True
+    ours = err[err.rfind("\n", 0, first) + 1:err.find("\n", first)]
+    assert ours.startswith("train_accelerate.py: error: ") and ours.count("error:") == 1  # whole, on its own line
+    assert "exitcode  : 3" in err  # the distinct status, in torchrun's report
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_15_a_changed_learning_rate_applies_from_the_resumed_step(trained, tmp_path):
+    run, args = fresh(trained, tmp_path)
+    proc = run_cli("train_accelerate.py", [*args, "--max_train_steps", "3", "--resume_from_checkpoint", "latest",
+                                           "--learning_rate", "1e-3", "--adam_beta2", "0.99"])
+    assert "changed settings, which apply from its step on: adam_beta2, learning_rate, max_train_steps" in proc.stdout
+    record = [json.loads(line) for line in (run / "stats.jsonl").read_text().splitlines()][-1]
+    assert record["step"] == 3 and record["lr"] == pytest.approx(1e-3 * 3 / 4)  # warm-up 4 steps, new peak
+    groups = torch.load(run / "checkpoint-3" / "optimizer.bin", weights_only=True)["param_groups"]
+    assert groups[0]["lr"] == pytest.approx(1e-3 * 3 / 4) and tuple(groups[0]["betas"]) == (0.9, 0.99)
+    assert torch.load(run / "checkpoint-3" / "scheduler.bin", weights_only=True)["base_lrs"] == [1e-3]
+
+
+@pytest.mark.slow
+def test_16_reconstruct_ema_refuses_to_overwrite_the_runs_export_without_overwrite(trained, tmp_path, capsys):
+    import reconstruct_ema
+
+    run, _ = fresh(trained, tmp_path)
+    before = snapshot(run)
+    assert reconstruct_ema.main(["--run_dir", str(run), "--sigma_rel", "0.08", "--output_dir", str(run)]) == 2
+    one_line_error(capsys.readouterr().err, 2, "is the run folder (its exported pipeline would be replaced)")
+    assert snapshot(run) == before
+    assert reconstruct_ema.main(["--run_dir", str(run), "--sigma_rel", "0.08"]) == 0  # run/phema-0.080: new
+    assert reconstruct_ema.main(["--run_dir", str(run), "--sigma_rel", "0.08"]) == 2  # now taken
+    assert "already holds a pipeline" in capsys.readouterr().err
+    assert reconstruct_ema.main(["--run_dir", str(run), "--sigma_rel", "0.08", "--output_dir", str(run),
+                                 "--overwrite"]) == 0
+    assert snapshot(run)["unet/diffusion_pytorch_model.safetensors"] != before["unet/diffusion_pytorch_model.safetensors"]
