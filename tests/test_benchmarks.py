@@ -387,3 +387,24 @@ def test_library_equivalence_quick_mode_measures_every_pair(tmp_path):
     assert res["ddpm_step"]["identical_images"] is True
     assert res["forward_process"]["max_abs_difference"] < 1e-5  # float32 vs float64-built tables: rounding only
     assert (tmp_path / "library.png").stat().st_size > 1000 and "| DDPM step" in (tmp_path / "README.md").read_text()
+
+
+def test_fault_drill_counts_faults_and_writes_the_table():
+    from fault_drill import readme, summarize
+
+    def rec(fault, survived=True, lost=False, hung=False, tracebacks=0, **kw):
+        return {"fault": fault, "detail": kw.pop("detail", "x"), "survived": survived, "data_lost": lost,
+                "hung": hung, "tracebacks": tracebacks, **kw}
+
+    records = [rec("SIGKILL"), rec("SIGKILL", survived=False, lost=True), rec("corrupt newest checkpoint"),
+               rec("NaN loss", message="train_accelerate.py: error: training diverged: ..."),
+               rec("disk full", hung=True, tracebacks=2),
+               rec("silent Hub endpoint", survived=None, skipped=True, detail="skipped: no --hub_upload_timeout")]
+    s = summarize(records)
+    assert (s["faults_injected"], s["survived"], s["survived_bit_identical_resume"], s["resume_faults"]) == (5, 4, 2, 3)
+    assert (s["data_lost"], s["hangs"], s["tracebacks"], s["skipped"]) == (1, 1, 2, ["silent Hub endpoint"])
+    meta = {"date": "2026-12-01", "command": "python benchmarks/fault_drill.py", "commit": "abc", "torch": "2",
+            "seconds": 60.0, "load_start": "1.0/1.0/1.0", "load_end": "1.0/1.0/1.0"}
+    text = readme(meta, records, s)
+    assert "| 5 | 2 / 3 | 2 / 2 | 1 | 1 | 2 |" in text
+    assert "Skipped: skipped: no --hub_upload_timeout." in text and "training diverged" in text
