@@ -404,12 +404,12 @@ def test_15_a_changed_learning_rate_applies_from_the_resumed_step(trained, tmp_p
     run, args = fresh(trained, tmp_path)
     proc = run_cli("train_accelerate.py", [*args, "--max_train_steps", "3", "--resume_from_checkpoint", "latest",
                                            "--learning_rate", "1e-3", "--adam_beta2", "0.99"])
-    assert "changed settings, which apply from its step on: adam_beta2, learning_rate, max_train_steps" in proc.stdout
     record = [json.loads(line) for line in (run / "stats.jsonl").read_text().splitlines()][-1]
     assert record["step"] == 3 and record["lr"] == pytest.approx(1e-3 * 3 / 4)  # warm-up 4 steps, new peak
     groups = torch.load(run / "checkpoint-3" / "optimizer.bin", weights_only=True)["param_groups"]
     assert groups[0]["lr"] == pytest.approx(1e-3 * 3 / 4) and tuple(groups[0]["betas"]) == (0.9, 0.99)
     assert torch.load(run / "checkpoint-3" / "scheduler.bin", weights_only=True)["base_lrs"] == [1e-3]
+    assert "changed settings, which apply from its step on: adam_beta2, learning_rate, max_train_steps" in proc.stdout
 
 
 @pytest.mark.slow
