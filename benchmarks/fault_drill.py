@@ -133,7 +133,7 @@ def state_digest(ckpt: Path) -> str:
             for v in obj:
                 add(v)
         elif isinstance(obj, torch.Tensor):
-            h.update(obj.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if obj.numel() else b"")
+            h.update(obj.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         else:
             h.update(repr(obj).encode())
 
