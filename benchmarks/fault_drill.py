@@ -5,9 +5,10 @@
     python benchmarks/fault_drill.py --kills 20 --corruptions 10 --seed 1
 
 Every run is a real train_accelerate.py process (cpu-tiny16 at toy size on generated images, the stateful
-`adaptive` sampler, a checkpoint every 2 steps, an export every 4). Faults:
-- kills: SIGKILL at a random moment of training, during a checkpoint write (tests/helpers/slow_checkpoint_train.py
-  widens the window) or during an export (tests/helpers/slow_export_train.py), in rotation; every kill is followed
+`adaptive` sampler, a checkpoint every 4 steps, an export every 8, 8 steps per kill + 8). Faults:
+- kills: SIGKILL 1-3 steps after a (re)start at a random moment, during a checkpoint write
+  (tests/helpers/slow_checkpoint_train.py widens the window) or during an export (tests/helpers/slow_export_train.py),
+  in rotation; every kill is followed
   by the same command again (`--resume_from_checkpoint latest`), and the chain must end bit-identical to an
   uninterrupted run (parameters, EMA, optimizer, sampler state).
 - corruptions of the newest checkpoint of the finished run (flipped bytes, a truncated file under a recomputed
@@ -43,11 +44,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-STEPS = 12
+CKPT_EVERY, EXPORT_EVERY = 4, 8  # optimizer steps
 RUN_FLAGS = ["--preset", "cpu-tiny16", "--logger", "none", "--num_grid_images", "2", "--ddpm_num_inference_steps", "2",
              "--train_batch_size", "4", "--timestep_sampler", "adaptive", "--adaptive_warmup_steps", "2",
-             "--logging_steps", "1", "--save_images_steps", "none", "--lr_warmup_steps", "2",
-             "--max_train_steps", str(STEPS), "--checkpointing_steps", "2", "--save_model_steps", "4"]
+             "--logging_steps", "1", "--save_images_steps", "none", "--lr_warmup_steps", "2"]
 LIMIT = 600  # seconds a process may take before it counts as a hang
 
 
@@ -67,13 +67,15 @@ def make_data(folder: Path) -> Path:
 
 
 class Drill:
-    def __init__(self, work: Path, data: Path):
-        self.work, self.data = work, data
+    def __init__(self, work: Path, data: Path, steps: int):
+        self.work, self.data, self.steps = work, data, steps
         self.records: list[dict] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
     def args(self, run: Path, *extra: str) -> list[str]:
-        return [*RUN_FLAGS, "--train_data_dir", str(self.data), "--output_dir", str(run), *extra]
+        return [*RUN_FLAGS, "--max_train_steps", str(self.steps), "--checkpointing_steps", str(CKPT_EVERY),
+                "--save_model_steps", str(EXPORT_EVERY), "--train_data_dir", str(self.data), "--output_dir", str(run),
+                *extra]
 
     def start(self, run: Path, *extra: str, helper: list[str] | None = None, env: dict | None = None):
         script = helper or ["train_accelerate.py"]
@@ -105,6 +107,13 @@ def last_step(run: Path) -> int:
     except OSError:
         return 0
     return max((json.loads(line)["step"] for line in lines if line.strip().endswith("}")), default=0)
+
+
+def mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile
+        return 0.0
 
 
 def newest_valid(run: Path) -> int:
@@ -158,16 +167,17 @@ def kill_drill(d: Drill, n: int, rng: random.Random, reference: str) -> Path:
         helper = {"checkpoint write": ["tests/helpers/slow_checkpoint_train.py", "30"],
                   "export": ["tests/helpers/slow_export_train.py", "30"]}.get(kind)
         proc = d.start(run, "--resume_from_checkpoint", "latest", helper=helper)
-        start_step, t0, seen, ok = last_step(run), time.time(), [], True
+        t0, seen, ok = time.time(), [], True
+        target = newest_valid(run) + rng.randint(1, 3)  # the resumed step + 1-3
         reader = threading.Thread(target=lambda: seen.extend(iter(proc.stdout.readline, "")), daemon=True)
         reader.start()
 
         def ready() -> bool:
             if kind == "checkpoint write":  # this process's write (a killed one's stale folder is older)
-                return any(p.exists() and p.stat().st_mtime > t0 for p in run.glob(".checkpoint-*.tmp"))
+                return any(mtime(p) > t0 for p in run.glob(".checkpoint-*.tmp"))
             if kind == "export":
                 return any("EXPORTING" in line for line in seen)
-            return last_step(run) > start_step
+            return any(line.startswith("step ") and int(line.split()[1].split("/")[0]) >= target for line in seen)
 
         while not ready():
             if proc.poll() is not None or time.time() - t0 > LIMIT:
@@ -175,7 +185,7 @@ def kill_drill(d: Drill, n: int, rng: random.Random, reference: str) -> Path:
                 break
             time.sleep(0.05)
         if kind == "training":
-            time.sleep(rng.uniform(0.0, 2.0))
+            time.sleep(rng.uniform(0.0, 0.5))  # somewhere in the next step
         before = newest_valid(run)
         if proc.poll() is None:
             proc.kill()
@@ -188,8 +198,9 @@ def kill_drill(d: Drill, n: int, rng: random.Random, reference: str) -> Path:
                         "at_step": last_step(run)})
     rc, out, hung = d.finish(d.start(run, "--resume_from_checkpoint", "latest"))
     outputs.append(out)
-    same = rc == 0 and (run / f"checkpoint-{STEPS}").is_dir() and state_digest(run / f"checkpoint-{STEPS}") == reference
-    exported = json.loads((run / "export.json").read_text())["step"] == STEPS if rc == 0 else False
+    final = run / f"checkpoint-{d.steps}"
+    same = rc == 0 and final.is_dir() and state_digest(final) == reference
+    exported = json.loads((run / "export.json").read_text())["step"] == d.steps if rc == 0 else False
     for i, p in enumerate(pending):
         d.record("SIGKILL", f"during {p['kind']} (step {p['at_step']})", survived=same and exported and p["injected"],
                  data_lost=p["newest_valid_after"] < p["newest_valid_before"] or not same, hung=hung and i == n - 1,
@@ -226,10 +237,10 @@ def corruption_drill(d: Drill, n: int, finished: Path, reference: str) -> None:
         run = d.work / f"corrupt{i}"
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(finished, run)
-        corrupt(run / f"checkpoint-{STEPS}", mode)
+        corrupt(run / f"checkpoint-{d.steps}", mode)
         rc, out, hung = d.finish(d.start(run, "--resume_from_checkpoint", "latest"))
-        skipped = f"warning: skipping checkpoint-{STEPS}" in out and f"at step {STEPS - 2}" in out
-        same = rc == 0 and state_digest(run / f"checkpoint-{STEPS}") == reference
+        skipped = f"warning: skipping checkpoint-{d.steps}" in out and f"at step {d.steps - CKPT_EVERY}" in out
+        same = rc == 0 and state_digest(run / f"checkpoint-{d.steps}") == reference
         d.record("corrupt newest checkpoint", mode, survived=skipped and same, data_lost=not same, hung=hung,
                  outputs=[out])
 
@@ -244,11 +255,9 @@ def disk_full_drill(d: Drill) -> None:
                  hung=False, outputs=[], skipped=True)
         return
     result = d.work / "disk_full.json"
-    flags = [a for a in RUN_FLAGS if a not in ("--max_train_steps", str(STEPS))]
-    flags = [*flags[:flags.index("--checkpointing_steps")], *flags[flags.index("--checkpointing_steps") + 2:]]
     try:
         proc = subprocess.run(["unshare", "-rm", sys.executable, "tests/helpers/disk_full_run.py", "30", str(mount),
-                               str(result), "--", *flags, "--train_data_dir", str(d.data)], cwd=ROOT, env=d.env,
+                               str(result), "--", *RUN_FLAGS, "--train_data_dir", str(d.data)], cwd=ROOT, env=d.env,
                               capture_output=True, text=True, timeout=2 * LIMIT)
         hung = False
     except subprocess.TimeoutExpired:
@@ -364,13 +373,13 @@ def main(argv=None) -> int:
     t0, load_start = time.time(), "/".join(f"{x:.1f}" for x in os.getloadavg())
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    d = Drill(args.work, make_data(args.work / "data"))
+    d = Drill(args.work, make_data(args.work / "data"), steps=EXPORT_EVERY * (args.kills + 1))
 
     # The uninterrupted reference.
     rc, out, hung = d.finish(d.start(args.work / "straight"))
     if rc != 0:
         raise SystemExit(f"the reference run failed:\n{out[-3000:]}")
-    reference = state_digest(args.work / "straight" / f"checkpoint-{STEPS}")
+    reference = state_digest(args.work / "straight" / f"checkpoint-{d.steps}")
 
     finished = kill_drill(d, args.kills, random.Random(args.seed), reference)
     corruption_drill(d, args.corruptions, finished, reference)
@@ -382,7 +391,7 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     meta = {"date": dt.date.today().isoformat(), "command": " ".join(["python", "benchmarks/fault_drill.py", *(argv or sys.argv[1:])]),
             "commit": commit, "torch": torch.__version__, "seconds": time.time() - t0, "load_start": load_start,
-            "load_end": "/".join(f"{x:.1f}" for x in os.getloadavg()), "steps": STEPS, "run_flags": RUN_FLAGS}
+            "load_end": "/".join(f"{x:.1f}" for x in os.getloadavg()), "steps": d.steps, "run_flags": d.args(Path("RUN"))}
     out_dir = args.out or ROOT / "docs" / "benchmarks" / "faults" / meta["date"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "summary": s, "faults": d.records}, indent=1) + "\n")
