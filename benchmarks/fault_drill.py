@@ -251,7 +251,7 @@ def disk_full_drill(d: Drill) -> None:
     probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {mount}"],
                            capture_output=True) if shutil.which("unshare") else None
     if probe is None or probe.returncode != 0:
-        d.record("disk full", "skipped: no tmpfs can be mounted here (unshare -rm)", survived=None, data_lost=False,
+        d.record("disk full", "no tmpfs can be mounted here (unshare -rm)", survived=None, data_lost=False,
                  hung=False, outputs=[], skipped=True)
         return
     result = d.work / "disk_full.json"
@@ -296,7 +296,7 @@ def silent_hub_drill(d: Drill) -> None:
     from adaptive.config import TrainConfig
 
     if "hub_upload_timeout" not in TrainConfig.__dataclass_fields__:
-        d.record("silent Hub endpoint", "skipped: this build has no --hub_upload_timeout (issue 15 item 6 adds it)",
+        d.record("silent Hub endpoint", "this build has no --hub_upload_timeout (issue 15 item 6 adds it)",
                  survived=None, data_lost=False, hung=False, outputs=[], skipped=True)
         return
     server = socket.socket()
@@ -344,7 +344,7 @@ def readme(meta: dict, records: list[dict], s: dict) -> str:
              f"{s['survived'] - s['survived_bit_identical_resume']} / {s['faults_injected'] - s['resume_faults']} | "
              f"{s['data_lost']} | {s['hangs']} | {s['tracebacks']} |", ""]
     if s["skipped"]:
-        lines += [f"Skipped: {'; '.join(r['detail'] for r in records if r.get('skipped'))}.", ""]
+        lines += [f"Skipped: {'; '.join(r['fault'] + ' - ' + r['detail'] for r in records if r.get('skipped'))}.", ""]
     lines += ["| fault | detail | survived | data lost | hung | tracebacks |", "|---|---|---|---|---|---|"]
     for r in records:
         survived = "skipped" if r.get("skipped") else "yes" if r["survived"] else "NO"

@@ -399,7 +399,7 @@ def test_fault_drill_counts_faults_and_writes_the_table():
     records = [rec("SIGKILL"), rec("SIGKILL", survived=False, lost=True), rec("corrupt newest checkpoint"),
                rec("NaN loss", message="train_accelerate.py: error: training diverged: ..."),
                rec("disk full", hung=True, tracebacks=2),
-               rec("silent Hub endpoint", survived=None, skipped=True, detail="skipped: no --hub_upload_timeout")]
+               rec("silent Hub endpoint", survived=None, skipped=True, detail="no --hub_upload_timeout")]
     s = summarize(records)
     assert (s["faults_injected"], s["survived"], s["survived_bit_identical_resume"], s["resume_faults"]) == (5, 4, 2, 3)
     assert (s["data_lost"], s["hangs"], s["tracebacks"], s["skipped"]) == (1, 1, 2, ["silent Hub endpoint"])
@@ -407,4 +407,4 @@ def test_fault_drill_counts_faults_and_writes_the_table():
             "seconds": 60.0, "load_start": "1.0/1.0/1.0", "load_end": "1.0/1.0/1.0"}
     text = readme(meta, records, s)
     assert "| 5 | 2 / 3 | 2 / 2 | 1 | 1 | 2 |" in text
-    assert "Skipped: skipped: no --hub_upload_timeout." in text and "training diverged" in text
+    assert "Skipped: silent Hub endpoint - no --hub_upload_timeout." in text and "training diverged" in text
