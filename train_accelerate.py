@@ -10,7 +10,7 @@ saved config.json (flags given override it; model/objective changes are refused)
 config; --print_config prints the resolved config and exits.
 Exit status: 0 done (or stopped by a signal / the budget, checkpoint written); 2 bad input (one line on stderr); 3
 trained and saved locally, but the final --push_to_hub upload did not reach the Hub (the printed command retries it);
-4 training diverged, 5 disk full, 6 lost a peer rank, 3 or 7 a launch that formed no process group (adaptive/faults.py).
+4 training diverged, 5 disk full, 6 lost a peer rank, 7 a launch that formed no process group (adaptive/faults.py).
 """
 
 from __future__ import annotations

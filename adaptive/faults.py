@@ -1,11 +1,11 @@
 """Faults a run reports as one line and a distinct exit status instead of a traceback, and how ranks agree on them.
 
 Exit status of train_accelerate.py: 0 done or stopped by a signal / the budget (checkpoint written), 2 bad input
-(nothing touched), 3 a launch that did not form one process group, 4 training diverged (a non-finite loss, gradient
+(nothing touched), 3 the final Hub upload failed (adaptive/hub.py), 4 training diverged (a non-finite loss, gradient
 norm or weights; nothing saved from them), 5 the disk is full (the partial write removed, the previous checkpoint
-intact), 6 this rank lost a peer (it ended, or stopped for longer than --ddp_timeout_minutes). Every rank raises the
-same fault at the same point (`agree`), and only the launcher's rank 0 prints it; a lost peer is reported by the rank
-that saw it.
+intact), 6 this rank lost a peer (it ended, or stopped for longer than --ddp_timeout_minutes), 7 a launch that did not
+form one process group. Every rank raises the same fault at the same point (`agree`), and only the launcher's rank 0
+prints it; a lost peer is reported by the rank that saw it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .config import ConfigError
 class LaunchError(ConfigError):
     """The launched processes did not join one process group."""
 
-    exit_code = 3
+    exit_code = 7
 
 
 class Diverged(ConfigError):

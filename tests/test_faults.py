@@ -395,7 +395,7 @@ def test_14_a_cpu_launch_without_accelerate_use_cpu_says_so_once_first(tmp_path,
     assert first < err.find("Traceback") if "Traceback" in err else True
     ours = err[err.rfind("\n", 0, first) + 1:err.find("\n", first)]
     assert ours.startswith("train_accelerate.py: error: ") and ours.count("error:") == 1  # whole, on its own line
-    assert "exitcode  : 3" in err  # the distinct status, in torchrun's report
+    assert "exitcode  : 7" in err  # the distinct status, in torchrun's report
     assert not (tmp_path / "run").exists()
 
 
