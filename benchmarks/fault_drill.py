@@ -314,8 +314,13 @@ def silent_hub_drill(d: Drill) -> None:
                                      "--hub_token", "hf_DrillTokenNotReal0123456789", "--hub_upload_timeout", "10",
                                      env=env))
     server.close()
-    d.record("silent Hub endpoint", "accepts, never answers; --hub_upload_timeout 10", survived=rc == 0 and not hung,
-             data_lost=not (run / "export.json").exists(), hung=hung, outputs=[out], seconds=round(time.time() - t0))
+    # Ends either way: refused up front (the repo check times out: exit 2, nothing trained) or trained, exported and
+    # the upload given up after --hub_upload_timeout (exit 3, everything local) - never a hang.
+    message = next((line for line in out.splitlines() if line.startswith("train_accelerate.py: error:")), None)
+    d.record("silent Hub endpoint", "accepts, never answers; --hub_upload_timeout 10",
+             survived=rc in (0, 2, 3) and not hung and (rc != 2 or message is not None),
+             data_lost=rc in (0, 3) and not (run / "export.json").exists(), hung=hung, outputs=[out],
+             seconds=round(time.time() - t0), exit_status=rc, message=message)
 
 
 # ------------------------------------------------------------------------------------------------ report
