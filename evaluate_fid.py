@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from adaptive.config import ConfigError, OneLineParser
+from adaptive.faults import run_cli
 
 CLEAN_FID_REFS = {"cifar10-train": ("cifar10", 32, "train"), "cifar10-test": ("cifar10", 32, "test")}
 PR_SEED = 0  # the equal-size precision/recall subsets
@@ -248,15 +249,14 @@ def evaluate(args) -> dict:
 
 
 def main(argv=None) -> int:
-    try:
-        args = parse_args(argv)
-        check_args(args)
-        if args.make_ref:
-            return make_ref(args)
-        evaluate(args)
-    except ConfigError as e:
-        print(f"evaluate_fid.py: error: {e}", file=sys.stderr)
-        return 2
+    return run_cli("evaluate_fid.py", lambda: _evaluate_or_make_ref(parse_args(argv)))
+
+
+def _evaluate_or_make_ref(args) -> int:
+    check_args(args)
+    if args.make_ref:
+        return make_ref(args)
+    evaluate(args)
     return 0
 
 

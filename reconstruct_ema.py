@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser, TrainConfig
+from adaptive.faults import run_cli
 
 
 def parse_args(argv=None):
@@ -51,25 +52,28 @@ def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    return run_cli("reconstruct_ema.py", lambda: reconstruct(parse_args(argv)))
+
+
+def output_folders(args, run_dir: Path) -> list[Path]:
+    """One folder per --sigma_rel; refuses the run folder itself or an existing pipeline without --overwrite."""
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(f"--run_dir {run_dir} has no config.json (not a training run)")
+    outs = [Path(args.output_dir) if args.output_dir and len(args.sigma_rel) == 1 else
+            Path(args.output_dir or run_dir) / f"phema-{s:.3f}" for s in args.sigma_rel]
+    for out in outs:
+        own = out.resolve() == run_dir.resolve()
+        if (own or (out / "model_index.json").exists()) and not args.overwrite:
+            what = "is the run folder (its exported pipeline would be replaced)" if own else "already holds a pipeline"
+            raise ConfigError(f"--output_dir {out} {what}; pass --overwrite to replace it, or choose another folder")
+    return outs
+
+
+def reconstruct(args) -> int:
     run_dir = Path(args.run_dir)
-    try:
-        if not (run_dir / "config.json").is_file():
-            raise ConfigError(f"--run_dir {run_dir} has no config.json (not a training run)")
-        outs = [Path(args.output_dir) if args.output_dir and len(args.sigma_rel) == 1 else
-                Path(args.output_dir or run_dir) / f"phema-{s:.3f}" for s in args.sigma_rel]
-        for out in outs:
-            own = out.resolve() == run_dir.resolve()
-            if (own or (out / "model_index.json").exists()) and not args.overwrite:
-                what = "is the run folder (its exported pipeline would be replaced)" if own else \
-                    "already holds a pipeline"
-                raise ConfigError(f"--output_dir {out} {what}; pass --overwrite to replace it, or choose another folder")
-        for s, out in zip(args.sigma_rel, outs):
-            info = export(run_dir, s, args.at_step, out)
-            print(f"sigma_rel={s:g} at step {info['at_step']} from {info['num_snapshots']} snapshots -> {out}")
-    except ConfigError as e:
-        print(f"reconstruct_ema.py: error: {e}", file=sys.stderr)
-        return 2
+    for s, out in zip(args.sigma_rel, output_folders(args, run_dir)):
+        info = export(run_dir, s, args.at_step, out)
+        print(f"sigma_rel={s:g} at step {info['at_step']} from {info['num_snapshots']} snapshots -> {out}")
     return 0
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser
+from adaptive.faults import run_cli
 from adaptive.attention import configure_attention
 
 GRID_IMAGES = 64
@@ -187,13 +188,12 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def main(argv=None) -> int:
-    try:
-        args = parse_args(argv)
-        check_args(args)
-        run(args)
-    except ConfigError as e:
-        print(f"sample.py: error: {e}", file=sys.stderr)
-        return 2
+    return run_cli("sample.py", lambda: _check_and_run(parse_args(argv)))
+
+
+def _check_and_run(args) -> int:
+    check_args(args)
+    run(args)
     return 0
 
 

@@ -15,7 +15,6 @@ trained and saved locally, but the final --push_to_hub upload did not reach the 
 
 from __future__ import annotations
 
-import os
 import sys
 
 import json
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser, add_config_arguments, resolve_config
 from adaptive.control import StopControl
+from adaptive.faults import lost_peer, run_cli
 
 
 def parse_args(argv=None):
@@ -54,21 +54,8 @@ def saved_config(args) -> dict:
 def main(argv=None) -> int:
     control = StopControl()  # first, before torch is imported: SIGTERM during start-up or export stops cleanly
     try:
-        args = parse_args(argv)
-        cfg = resolve_config(args, saved=saved_config(args))
-        if args.print_config:
-            print(cfg.to_json())
-            return 0
-        from adaptive.loop import train
-
-        summary = train(cfg, control)
-    except ConfigError as e:
-        if int(os.environ.get("RANK", "0")) == 0:  # every rank raises the same; the launcher's rank 0 says it once
-            print(f"train_accelerate.py: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return run_cli("train_accelerate.py", lambda: _train(argv, control))
     except Exception as e:
-        from adaptive.faults import lost_peer
-
         lost = lost_peer(e)  # this rank's own view of a peer that ended or hung (not a bug here: no traceback)
         if lost is None:
             raise
@@ -76,8 +63,18 @@ def main(argv=None) -> int:
         return lost.exit_code
     finally:
         control.restore_handlers()
-    from adaptive.hub import EXIT_UPLOAD_FAILED
 
+
+def _train(argv, control: StopControl) -> int:
+    args = parse_args(argv)
+    cfg = resolve_config(args, saved=saved_config(args))
+    if args.print_config:
+        print(cfg.to_json())
+        return 0
+    from adaptive.hub import EXIT_UPLOAD_FAILED
+    from adaptive.loop import train
+
+    summary = train(cfg, control)
     return EXIT_UPLOAD_FAILED if summary.get("hub") == "not uploaded" else 0  # trained and saved; not on the Hub
 
 

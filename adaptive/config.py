@@ -406,6 +406,13 @@ def validate(cfg: TrainConfig) -> None:
         v = getattr(cfg, name, None)
         if v is not None and v not in allowed:
             raise ConfigError(f"--{name} {v!r} is not one of {', '.join(map(str, allowed))}")
+    _check_counts(cfg)
+    _check_run(cfg)
+    _check_model_and_method(cfg)
+
+
+def _check_counts(cfg: TrainConfig) -> None:
+    """Counts and step numbers: positive, or none where none means off."""
     positive = ["resolution", "train_batch_size", "gradient_accumulation_steps", "ddpm_num_steps",
                 "ddpm_num_inference_steps", "layers_per_block", "logging_steps", "num_grid_images",
                 "eval_num_images", "eval_inference_steps", "eval_batch_size", "eval_ref_num_images", "norm_num_groups"]
@@ -422,6 +429,10 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"--{name} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.attention_head_dim is not None and cfg.attention_head_dim < 1:
         raise ConfigError(f"--attention_head_dim must be >= 1 or none (got {cfg.attention_head_dim})")
+
+
+def _check_run(cfg: TrainConfig) -> None:
+    """Run length, optimizer and process settings."""
     if cfg.max_train_steps is None and cfg.num_epochs is None:
         raise ConfigError("give --max_train_steps or --num_epochs")
     if cfg.max_train_minutes is not None and cfg.max_train_minutes <= 0:
@@ -439,6 +450,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--adam_epsilon and --adam_weight_decay must be >= 0")
     if cfg.ddp_timeout_minutes <= 0:
         raise ConfigError(f"--ddp_timeout_minutes must be > 0 (got {cfg.ddp_timeout_minutes})")
+
+
+def _check_model_and_method(cfg: TrainConfig) -> None:
+    """Model shape, noise schedule, EMA, timestep method and evaluation settings."""
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"--dropout must be in [0, 1) (got {cfg.dropout})")
     if not 0.0 <= cfg.ema_min_decay <= cfg.ema_max_decay < 1.0:

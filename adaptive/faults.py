@@ -11,11 +11,12 @@ prints it; a lost peer is reported by the rank that saw it.
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from .config import ConfigError
 
@@ -42,6 +43,17 @@ class PeerLost(ConfigError):
     """A collective failed because another rank ended or stopped responding."""
 
     exit_code = 6
+
+
+def run_cli(prog: str, body: Callable[[], int]) -> int:
+    """Runs a command-line tool: a ConfigError (bad input or a fault above) is one line `<prog>: error: ...` on
+    stderr and its exit code, said once by the launcher's rank 0 (every rank raises the same)."""
+    try:
+        return body()
+    except ConfigError as e:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 def lost_peer(exc: BaseException) -> Optional[PeerLost]:
