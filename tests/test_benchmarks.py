@@ -408,3 +408,23 @@ def test_fault_drill_counts_faults_and_writes_the_table():
     text = readme(meta, records, s)
     assert "| 5 | 2 / 3 | 2 / 2 | 1 | 1 | 2 |" in text
     assert "Skipped: silent Hub endpoint - no --hub_upload_timeout." in text and "training diverged" in text
+
+
+def test_grad_norms_summarises_each_phase_and_how_often_the_clip_binds(tmp_path, capsys):
+    import grad_norms
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    lines = [{"step": s, "grad_norm": g, "loss_scale": 0.5, "unit_grad_norm": g / 0.5}
+             for s, g in [(100, 0.5), (200, 1.5), (300, 2.0), (400, 0.4), (1200, 0.25)]]
+    (runs / "adaptive_seed0.stats.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in lines) + '\n{"step": 500, "proxy_fd": 3.0}\n{"torn')
+    assert grad_norms.main(["--runs", str(runs), "--clip", "1"]) == 0
+    res = json.loads((tmp_path / "grad_norms.json").read_text())["runs"]["adaptive_seed0"]
+    assert res["1-250"]["grad_norm_mean"] == pytest.approx(1.0) and res["1-250"]["share_above_clip"] == 0.5
+    assert res["251-500"]["grad_norm_mean"] == pytest.approx(1.2) and res["251-500"]["grad_norm_max"] == 2.0
+    assert res["501-1000"] is None and res["1001-2000"]["unit_grad_norm_last"] == pytest.approx(0.5)
+    assert "| adaptive_seed0 | 1.00 (50%), s 0.500 | 1.20 (50%), s 0.500 | - |" in (tmp_path / "grad_norms.md").read_text()
+    assert (tmp_path / "grad_norms.png").stat().st_size > 0
+    assert grad_norms.main(["--runs", str(tmp_path / "nothing")]) == 2
+    assert "holds no" in capsys.readouterr().err
