@@ -113,16 +113,21 @@ def test_2_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path, image
     assert int(ckpts[0].name.split("-")[1]) < step <= 30
 
 
+def assert_refused_untouched(tmp_path, capsys, flags, message):
+    """The flags are refused with exit 2 and one line naming `message`; no run folder is created."""
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", str(tmp_path / "run"), *flags], capsys)
+    assert code == 2
+    one_line_error(err, 2, message)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--learning_rate", "inf"], "--learning_rate must be a finite number"),
     (["--max_train_minutes", "nan"], "--max_train_minutes must be a finite number"),
     (["--lr_warmup_steps", "-5"], "--lr_warmup_steps must be >= 0"),
 ])
 def test_2_non_finite_or_negative_settings_are_refused(tmp_path, capsys, flags, message):
-    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", str(tmp_path / "run"), *flags], capsys)
-    assert code == 2
-    one_line_error(err, 2, message)
-    assert not (tmp_path / "run").exists()
+    assert_refused_untouched(tmp_path, capsys, flags, message)
 
 
 def test_3_an_empty_output_dir_is_refused(tmp_path, capsys, monkeypatch):
@@ -375,10 +380,7 @@ def test_12_a_truncated_file_under_a_recomputed_manifest_is_named_in_one_line(tr
     (["--adam_epsilon", "-1"], "--adam_epsilon and --adam_weight_decay must be >= 0"),
 ])
 def test_13_bad_model_and_optimizer_flags_are_one_line_errors(tmp_path, capsys, flags, message):
-    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", str(tmp_path / "run"), *flags], capsys)
-    assert code == 2
-    one_line_error(err, 2, message)
-    assert not (tmp_path / "run").exists()
+    assert_refused_untouched(tmp_path, capsys, flags, message)
 
 
 @pytest.mark.slow
