@@ -86,13 +86,15 @@ def grid_variants() -> dict[str, list[str]]:
 
 
 def tuned_flags(tuned: dict | None) -> dict[str, list[str]]:
-    """`uniform-tuned` and the loss-weighting baselines at its learning rate (PROTOCOL.md), from a tuning result."""
+    """`uniform-tuned` and the loss-weighting baselines at its learning rate (PROTOCOL.md), from a tuning result;
+    `adaptive-tuned`: adaptive's defaults on uniform-tuned's optimiser (a user who tuned uniform switches the sampler)."""
     if not tuned:
         return {}
     lr, b2 = f"{tuned['learning_rate']:g}", f"{tuned['adam_beta2']:g}"
     return {"uniform-tuned": ["--learning_rate", lr, "--adam_beta2", b2],
             "min_snr": [*METHODS["min_snr"], "--learning_rate", lr],
-            "p2": [*METHODS["p2"], "--learning_rate", lr]}
+            "p2": [*METHODS["p2"], "--learning_rate", lr],
+            "adaptive-tuned": [*METHODS["adaptive"], "--learning_rate", lr, "--adam_beta2", b2]}
 
 
 def variants(tuned: dict | None = None) -> dict[str, tuple[str, list[str]]]:
@@ -101,13 +103,13 @@ def variants(tuned: dict | None = None) -> dict[str, tuple[str, list[str]]]:
     out.update({n: ("uniform", f) for n, f in grid_variants().items()})
     out.update({n: ("adaptive", f) for n, f in ABLATIONS.items()})
     for n, f in tuned_flags(tuned).items():
-        out[n] = ("uniform" if n == "uniform-tuned" else n, f)
+        out[n] = ("uniform" if n == "uniform-tuned" else "adaptive" if n == "adaptive-tuned" else n, f)
     return out
 
 
 def order(name: str) -> tuple[int, str]:
     """Sort key: the protocol's method order, variants after their method."""
-    base = "uniform" if name.startswith("uniform") else "adaptive" if name.startswith("abl-") else name
+    base = "uniform" if name.startswith("uniform") else "adaptive" if name.startswith(("abl-", "adaptive")) else name
     return (list(METHODS).index(base) if base in METHODS else len(METHODS), name)
 
 
@@ -508,7 +510,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--methods", nargs="+", default=None,
                    help=f"methods or variants (default: every method; with --tuned uniform-tuned replaces uniform): "
-                        f"{', '.join(METHODS)}, uniform-tuned, the grid's uniform_lr<lr>_b2-<beta2>")
+                        f"{', '.join(METHODS)}, uniform-tuned, adaptive-tuned (adaptive on uniform-tuned's lr and beta2), "
+                        f"the grid's uniform_lr<lr>_b2-<beta2>")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--protocol", choices=["16", "32"], default="16",
                    help="16: cpu-tiny16, budget 2000; 32: cpu-tiny, budget B from --calibration (PROTOCOL.md)")

@@ -108,6 +108,10 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     pl = make_plan(parse_args(["--tuned", str(tuned), "--seeds", "0"]))
     assert pl.reference == "uniform-tuned" and pl.methods[0] == "uniform-tuned" and "uniform" not in pl.methods
     assert pl.budget == 2000 and pl.preset == "cpu-tiny16"
+    dev = make_plan(parse_args(["--tuned", str(tuned), "--seeds", "0", "--methods", "uniform-tuned", "adaptive-tuned"]))
+    from compare_methods import variants as _variants
+    cost_of, flags = _variants(dev.tuned)["adaptive-tuned"]  # adaptive's defaults on uniform-tuned's optimiser
+    assert cost_of == "adaptive" and flags[-4:] == ["--learning_rate", "0.004", "--adam_beta2", "0.99"]
     with pytest.raises(ValueError, match="--calibration"):
         make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32"]))
     cal = tmp_path / "c.json"
