@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(__import__("conftest").ROOT / "benchmarks"))
-from compare_methods import (aggregate, bar_verdict, calibration_budget, costs_to_measure, grid_name,  # noqa: E402
-                             grid_variants, interpolate_crossing, make_plan, parse_args, plan, recheck_points,
-                             select_tuned, used_ratio)
+from compare_methods import (ABLATIONS, aggregate, bar_verdict, calibration_budget, costs_to_measure,  # noqa: E402
+                             grid_name, grid_variants, interpolate_crossing, make_plan, parse_args, plan,
+                             recheck_points, select_tuned, used_ratio, variants)
 
 
 def test_crossing_is_interpolated_between_evaluation_points():
@@ -109,8 +109,7 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     assert pl.reference == "uniform-tuned" and pl.methods[0] == "uniform-tuned" and "uniform" not in pl.methods
     assert pl.budget == 2000 and pl.preset == "cpu-tiny16"
     dev = make_plan(parse_args(["--tuned", str(tuned), "--seeds", "0", "--methods", "uniform-tuned", "adaptive-tuned"]))
-    from compare_methods import variants as _variants
-    cost_of, flags = _variants(dev.tuned)["adaptive-tuned"]  # adaptive's defaults on uniform-tuned's optimiser
+    cost_of, flags = variants(dev.tuned)["adaptive-tuned"]  # adaptive's defaults on uniform-tuned's optimiser
     assert cost_of == "adaptive" and flags[-4:] == ["--learning_rate", "0.004", "--adam_beta2", "0.99"]
     with pytest.raises(ValueError, match="--calibration"):
         make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32"]))
@@ -122,7 +121,6 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     assert tune.seeds == [0] and len(tune.methods) == 8 and tune.reference == grid_name(2e-3, 0.999)
     abl = make_plan(parse_args(["--ablation", "--seeds", "0"]))
     assert abl.methods[0] == "uniform" and abl.methods[-1] == "adaptive" and abl.reference == "uniform"
-    from compare_methods import ABLATIONS, variants
 
     # every ablation row is `adaptive` with parts switched off, and shares adaptive's measured cost ratio
     assert all(variants()[n][0] == "adaptive" and "adaptive" in variants()[n][1] for n in ABLATIONS)
