@@ -102,8 +102,8 @@ def variants(tuned: dict | None = None) -> dict[str, tuple[str, list[str]]]:
     out = {m: (m, f) for m, f in METHODS.items()}
     out.update({n: ("uniform", f) for n, f in grid_variants().items()})
     out.update({n: ("adaptive", f) for n, f in ABLATIONS.items()})
-    for n, f in tuned_flags(tuned).items():
-        out[n] = ("uniform" if n == "uniform-tuned" else "adaptive" if n == "adaptive-tuned" else n, f)
+    cost_of = {"uniform-tuned": "uniform", "adaptive-tuned": "adaptive"}  # the tuned variants' own methods
+    out.update({n: (cost_of.get(n, n), f) for n, f in tuned_flags(tuned).items()})
     return out
 
 
