@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from adaptive.checkpoint import read_config  # noqa: E402
 from adaptive.config import TrainConfig  # noqa: E402
 from adaptive.data import decode_all, open_entries, to_model_input  # noqa: E402
 from adaptive.model import build_noise_scheduler, build_unet  # noqa: E402
+from adaptive.timesteps.adaptive import proposal  # noqa: E402
 
 
 def second_moment(lam: torch.Tensor, G: torch.Tensor, p: torch.Tensor) -> float:
@@ -44,9 +44,10 @@ def second_moment(lam: torch.Tensor, G: torch.Tensor, p: torch.Tensor) -> float:
     return float((lam ** 2 * G / p).sum() / B ** 2)
 
 
-def mixed(q: torch.Tensor, mix: float) -> torch.Tensor:
-    """The method's proposal form: (1 - mix) q / sum q + mix / B."""
-    return (1 - mix) * q / q.sum() + mix / q.numel()
+def unit_lambda(m1: torch.Tensor, beta: float) -> torch.Tensor:
+    """lambda_b proportional to E[L_b]^-beta, mean 1 (the ratios reported do not depend on the normalisation)."""
+    lam = m1 ** -beta
+    return lam / lam.mean()
 
 
 def param_groups(model) -> dict[str, list[torch.nn.Parameter]]:
@@ -91,17 +92,16 @@ def proposals(m1: torch.Tensor, m2: torch.Tensor, G: torch.Tensor, lam: torch.Te
     """The candidate proposals over bins: uniform, the method's loss RMS, sqrt(E[L]), and the optimum for G."""
     B = m1.numel()
     return {"uniform": torch.full((B,), 1.0 / B),
-            "loss_rms (the method)": mixed(lam * m2.sqrt(), mix),
-            "sqrt_loss (grad proxy)": mixed(lam * m1.sqrt(), mix),
-            "optimal (same mix)": mixed(lam * G.sqrt(), mix),
-            "optimal (no mix)": mixed(lam * G.sqrt(), 0.0)}
+            "loss_rms (the method)": proposal(lam, m2.sqrt(), mix),
+            "sqrt_loss (grad proxy)": proposal(lam, m1.sqrt(), mix),
+            "optimal (same mix)": proposal(lam, G.sqrt(), mix),
+            "optimal (no mix)": proposal(lam, G.sqrt(), 0.0)}
 
 
 def analyse(m1, m2, G_by_group: dict, beta: float, mix: float) -> dict:
     """Second moments of the candidate proposals relative to the optimum (whole gradient), per parameter group
     relative to uniform draws, and the log-log slope of sqrt(G) on E[L]."""
-    lam = m1 ** -beta
-    lam = lam / lam.mean()
+    lam = unit_lambda(m1, beta)
     B = m1.numel()
     G = sum(G_by_group.values())
     props = proposals(m1, m2, G, lam, mix)
@@ -123,8 +123,7 @@ def summarize(paths: list[Path]) -> str:
     for path in paths:
         r = json.loads(path.read_text())
         m1 = torch.tensor(r["mean_loss"])
-        lam = m1 ** -r["beta"]
-        lam = lam / lam.mean()
+        lam = unit_lambda(m1, r["beta"])
         by_group = {n: torch.tensor(g) for n, g in r["mean_sq_grad_norm_by_group"].items()}
         total = sum(float(g.sum()) for g in by_group.values())
         whole = r["second_moment_over_optimal"]
@@ -137,7 +136,7 @@ def summarize(paths: list[Path]) -> str:
                   "|---|---|---|---|---|"]
         for n, g in by_group.items():
             u = second_moment(lam, g, torch.full_like(g, 1.0 / g.numel()))
-            opt = second_moment(lam, g, mixed(lam * g.sqrt(), 0.1)) / u
+            opt = second_moment(lam, g, proposal(lam, g.sqrt(), 0.1)) / u
             d = r["second_moment_over_uniform_by_group"][n]
             lines.append(f"| {n} | {float(g.sum()) / total:.3f} | {d['loss_rms (the method)']:.2f} | "
                          f"{d['sqrt_loss (grad proxy)']:.2f} | {opt:.2f} |")

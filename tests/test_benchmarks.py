@@ -434,18 +434,21 @@ def test_grad_norms_summarises_each_phase_and_how_often_the_clip_binds(tmp_path,
 
 def test_grad_by_t_second_moment_is_the_importance_sampled_estimators_and_the_optimum_minimises_it():
     import torch
-    from grad_by_t import mixed, second_moment
+    from grad_by_t import second_moment
+
+    from adaptive.timesteps.adaptive import proposal
 
     gen = torch.Generator().manual_seed(0)
     B, D = 6, 3
     lam = torch.rand(B, generator=gen) + 0.2
     grads = torch.randn(B, 50, D, generator=gen) * torch.linspace(0.1, 3.0, B)[:, None, None]  # per-bin samples
     G = (grads ** 2).sum(-1).mean(1)  # E ||grad L_b||^2
-    p = mixed(torch.rand(B, generator=gen) + 0.1, 0.1)
+    p = proposal(torch.ones(B), torch.rand(B, generator=gen) + 0.1, 0.1)
     # exact second moment of g = lam_b / (B p_b) grad, b ~ p, a sample uniform within its bin
     exact = sum(float(p[b]) * float(((lam[b] / (B * p[b]) * grads[b]) ** 2).sum(-1).mean()) for b in range(B))
     assert second_moment(lam, G, p) == pytest.approx(exact, rel=1e-5)
-    best = second_moment(lam, G, mixed(lam * G.sqrt(), 0.0))
+    best = second_moment(lam, G, proposal(lam, G.sqrt(), 0.0))
     for _ in range(20):  # no proposal beats lam sqrt(G)
-        assert second_moment(lam, G, mixed(torch.rand(B, generator=gen) + 1e-3, 0.0)) >= best * (1 - 1e-6)
+        other = proposal(torch.ones(B), torch.rand(B, generator=gen) + 1e-3, 0.0)
+        assert second_moment(lam, G, other) >= best * (1 - 1e-6)
     assert second_moment(lam, G, torch.full((B,), 1.0 / B)) > best * 1.01
