@@ -132,7 +132,8 @@ def summarize(paths: list[Path]) -> str:
                   f"loss RMS (the method) {whole['loss_rms (the method)']:.2f}, sqrt(E[L]) "
                   f"{whole['sqrt_loss (grad proxy)']:.2f}; slope of log sqrt(G) on log E[L] "
                   f"{r['slope_log_sqrtG_vs_log_meanloss']:.2f}.", "",
-                  "| parameter group | share of sum G | loss RMS / uniform | sqrt(E[L]) / uniform | optimum / uniform |",
+                  "| parameter group | share of sum G | loss RMS / uniform | sqrt(E[L]) / uniform "
+                  "| optimum / uniform |",
                   "|---|---|---|---|---|"]
         for n, g in by_group.items():
             u = second_moment(lam, g, torch.full_like(g, 1.0 / g.numel()))
@@ -181,11 +182,13 @@ def main(argv=None) -> int:
     m1, m2, G = measure(model, x0, abar, args.bins, args.per_bin, cfg.ddpm_num_steps, gen)
     result = {"checkpoint": str(args.checkpoint), "step": step, "bins": args.bins, "per_bin": args.per_bin,
               "mean_loss": m1.tolist(), "mean_sq_loss": m2.tolist(),
-              "mean_sq_grad_norm": sum(G.values()).tolist(), "mean_sq_grad_norm_by_group": {n: g.tolist() for n, g in G.items()},
+              "mean_sq_grad_norm": sum(G.values()).tolist(),
+              "mean_sq_grad_norm_by_group": {n: g.tolist() for n, g in G.items()},
               **analyse(m1, m2, G, args.beta, cfg.adaptive_uniform_mix)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict)) or k.startswith("second")}, indent=1))
+    shown = {k: v for k, v in result.items() if not isinstance(v, (list, dict)) or k.startswith("second")}
+    print(json.dumps(shown, indent=1))
     return 0
 
 
