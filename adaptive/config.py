@@ -93,6 +93,7 @@ class TrainConfig:
     adaptive_stratified: bool = True  # adaptive: stratified (low-discrepancy) draws over the global batch
     adaptive_normalize: str = "unit"  # adaptive: unit = expected weighted loss 1 (stationary gradient scale) | mean
     adaptive_proposal: str = "loss"  # adaptive: p ~ lambda x loss RMS (loss) | x sqrt(mean loss) (grad) | uniform
+    adaptive_proposal_power: float = 1.0  # adaptive: exponent gamma on the proposal's per-bin statistic (p ~ lambda x stat^gamma; 1 = as named, 0 = lambda alone)
     adaptive_loss_scale: typing.Optional[float] = None  # adaptive: fixed loss scale s (ablations); None = the clip-anchored rule s = max_grad_norm / peak smoothed gradient norm per unit scale
 
     # --- optimisation ---
@@ -475,6 +476,8 @@ def _check_model_and_method(cfg: TrainConfig) -> None:
     check_bins(cfg.adaptive_bins, cfg.ddpm_num_steps)
     if cfg.adaptive_weight_floor < 0:
         raise ConfigError("--adaptive_weight_floor must be >= 0")
+    if not 0.0 <= cfg.adaptive_proposal_power <= 4.0:
+        raise ConfigError(f"--adaptive_proposal_power must be in [0, 4] (got {cfg.adaptive_proposal_power})")
     if not 0.0 < cfg.adaptive_anneal_fraction <= 1.0:
         raise ConfigError("--adaptive_anneal_fraction must be in (0, 1]")
     if any(s < 1 for s in cfg.eval_at_steps):

@@ -47,7 +47,8 @@ IMPORTANCE = ["adaptive", "iddpm", "uniform"]  # m = lambda(t) / (T p_t): unbias
 
 @pytest.mark.parametrize("name, cfg_kw", [(n, {}) for n in IMPORTANCE] + [("adaptive", {"adaptive_balance": 0.0}),
                                                                           ("adaptive", {"adaptive_stratified": False}),
-                                                                          ("adaptive", {"adaptive_loss_scale": 0.1})])
+                                                                          ("adaptive", {"adaptive_loss_scale": 0.1}),
+                                                                          ("adaptive", {"adaptive_proposal_power": 0.5})])
 def test_importance_samplers_are_exactly_unbiased(name, cfg_kw):
     """sum_t p(t) w(t) f(t) = mean_t lambda(t) f(t) for arbitrary f (lambda = 1 unless the method declares its own
     objective), computed from the returned probabilities and weights; plus a seeded Monte-Carlo check via sample()."""
@@ -255,6 +256,28 @@ def test_adaptive_anneals_from_gradient_balance_to_the_configured_objective():
     p, w = sampler.probabilities().double(), sampler.weight_of(torch.arange(T)).double()
     f = torch.rand(T, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     assert (p * w * f).sum().item() == pytest.approx((lam.double() * f).mean().item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("kind, moment", [("loss", "m2"), ("grad", "m1")])
+def test_adaptive_proposal_power_raises_the_statistic_and_keeps_the_objective(kind, moment):
+    """p ~ lambda x stat^gamma (+ the uniform floor), stat = sqrt(E[L^2]) or sqrt(E[L]); gamma changes only where the
+    draws go: lambda (the declared objective) and the product p x weight are the same for every gamma."""
+    state = train_sampler(make("adaptive", adaptive_proposal=kind)[0], steps=60).state_dict()
+    runs = {g: make("adaptive", adaptive_proposal=kind, adaptive_proposal_power=g)[0] for g in (0.0, 0.5, 1.0, 2.0)}
+    for s in runs.values():  # the same statistics, read with each power
+        s.load_state_dict(state)
+    t = torch.arange(T)
+    for g, s in runs.items():
+        lam = s.objective_weights()[:: s.width].double()
+        stat = getattr(s, moment).double().sqrt() ** g
+        want = lam * stat / (lam * stat).sum() * (1 - s.uniform_mix) + s.uniform_mix / s.num_bins
+        assert torch.allclose(s.probabilities()[:: s.width].double() * s.width, want, rtol=1e-5), g
+        assert torch.allclose(s.objective_weights(), runs[1.0].objective_weights(), rtol=1e-5), g
+        assert torch.allclose(s.probabilities() * s.weight_of(t) * T, s.objective_weights(), rtol=1e-5), g
+    assert not torch.allclose(runs[0.5].probabilities(), runs[1.0].probabilities(), rtol=1e-3)  # it does move them
+    from adaptive.config import ConfigError, validate
+    with pytest.raises(ConfigError, match="--adaptive_proposal_power must be in"):
+        validate(TrainConfig(**{**PRESETS["cpu-tiny16"], "adaptive_proposal_power": -1.0}))
 
 
 def test_adaptive_loss_scale_multiplies_every_weight_and_leaves_the_draws_alone():

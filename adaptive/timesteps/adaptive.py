@@ -74,7 +74,7 @@ class AdaptiveSampler(TimestepSampler):
     def __init__(self, num_timesteps: int, device="cpu", tables=None, *, bins: int = 100, balance: float = 0.5,
                  balance_final: Optional[float] = 0.0, anneal_fraction: float = 1.0, weight_floor: float = 0.0,
                  uniform_mix: float = 0.1, ema: float = 0.05, warmup_steps: int = 20, stratified: bool = True,
-                 normalize: str = "unit", proposal: str = "loss", loss_scale: Optional[float] = None,
+                 normalize: str = "unit", proposal: str = "loss", proposal_power: float = 1.0, loss_scale: Optional[float] = None,
                  max_grad_norm: float = 1.0):
         super().__init__(num_timesteps, device, tables)
         check_bins(bins, num_timesteps)
@@ -91,6 +91,7 @@ class AdaptiveSampler(TimestepSampler):
         self.stratified = bool(stratified)
         self.normalize = normalize
         self.proposal_kind = proposal
+        self.proposal_power = float(proposal_power)
         # The loss scale s: Adam is invariant to it, gradient clipping is not. None = the clip-anchored rule (s from
         # the measured gradient norm, clip_anchored_scale); a number fixes s (the hand-set constant of earlier versions).
         self.fixed_scale = None if loss_scale is None else float(loss_scale)
@@ -112,6 +113,7 @@ class AdaptiveSampler(TimestepSampler):
                    weight_floor=cfg.adaptive_weight_floor, uniform_mix=cfg.adaptive_uniform_mix, ema=cfg.adaptive_ema,
                    warmup_steps=cfg.adaptive_warmup_steps, stratified=cfg.adaptive_stratified,
                    normalize=cfg.adaptive_normalize, proposal=cfg.adaptive_proposal,
+                   proposal_power=cfg.adaptive_proposal_power,
                    loss_scale=cfg.adaptive_loss_scale, max_grad_norm=cfg.max_grad_norm)
 
     @property
@@ -140,12 +142,12 @@ class AdaptiveSampler(TimestepSampler):
     def gradient_scale(self) -> torch.Tensor:
         """Per-bin proxy of a sample's gradient norm: 'loss' sqrt(E[L^2]) (the loss RMS, iDDPM's statistic), 'grad'
         sqrt(E[L]) (the RMS of the output-space gradient 2 (pred - target) / D, since L is a mean squared error),
-        'uniform' 1 (no importance sampling, the weights alone carry lambda)."""
-        if self.proposal_kind == "loss":
-            return self.m2.clamp_min(0).sqrt()
-        if self.proposal_kind == "grad":
-            return self.m1.clamp_min(0).sqrt()
-        return torch.ones_like(self.m1) / self.m1.clamp_min(1e-12).pow(-self.beta)  # cancels lambda: p uniform
+        'uniform' 1 (no importance sampling, the weights alone carry lambda); 'loss' and 'grad' raised to the
+        proposal power gamma."""
+        if self.proposal_kind == "uniform":
+            return torch.ones_like(self.m1) / self.m1.clamp_min(1e-12).pow(-self.beta)  # cancels lambda: p uniform
+        stat = (self.m2 if self.proposal_kind == "loss" else self.m1).clamp_min(0).sqrt()
+        return stat if self.proposal_power == 1.0 else stat.pow(self.proposal_power)
 
     def probabilities(self):
         _, p = self._tables()
@@ -261,7 +263,7 @@ class AdaptiveSampler(TimestepSampler):
                 "anneal_fraction": self.anneal, "weight_floor": self.floor, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
                 "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
                 "loss_scale": "clip-anchored rule" if self.fixed_scale is None else self.fixed_scale,
-                "proposal": self.proposal_kind,
+                "proposal": self.proposal_kind, "proposal_power": self.proposal_power,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
                               f"{self.beta0:g} -> {self.beta1:g} over {self.anneal:g} of the run (online, EDM2-style balance)") if self.changes_objective else
                 "configured objective E_t~U[w(t) MSE_t], unbiased, rescaled by a global factor"}
