@@ -367,7 +367,8 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(worker(args)), flush=True)
         return 0
     if args.quick:
-        args.presets, args.rounds, args.warmup, args.windows, args.window_steps = ["cpu-tiny16"], 2, 1, 2, 1
+        # one round of fresh processes (the rotation over rounds is unit-tested)
+        args.presets, args.rounds, args.warmup, args.windows, args.window_steps = ["cpu-tiny16"], 1, 1, 2, 1
         args.sample_steps, args.sample_batch, args.memory_batches, args.no_methods = 3, 8, [], True
     data = args.data or (PROTOCOL_DATA if PROTOCOL_DATA.exists() else generated_data(ROOT / "benchmarks" / "_work" / "images"))
     date = dt.date.today().isoformat()
