@@ -8,15 +8,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-# One thread per process, for pytest and every process a test starts (unless the test sets its own): the suite runs
-# small CPU processes next to each other (2-rank launches, the CLI under test, pytest itself), and with one thread
-# per core they oversubscribe a 2-core box as soon as anything else runs; OpenMP's barriers then cost up to seconds
-# per training step (tests/test_training.py on a loaded 2-core machine: 340 s with the default, 183 s with this).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
