@@ -74,8 +74,8 @@ class AdaptiveSampler(TimestepSampler):
     def __init__(self, num_timesteps: int, device="cpu", tables=None, *, bins: int = 100, balance: float = 0.5,
                  balance_final: Optional[float] = 0.0, anneal_fraction: float = 1.0, weight_floor: float = 0.0,
                  uniform_mix: float = 0.1, ema: float = 0.05, warmup_steps: int = 20, stratified: bool = True,
-                 normalize: str = "unit", proposal: str = "loss", proposal_power: float = 1.0, loss_scale: Optional[float] = None,
-                 max_grad_norm: float = 1.0):
+                 normalize: str = "unit", proposal: str = "loss", proposal_power: float = 1.0,
+                 loss_scale: Optional[float] = None, max_grad_norm: float = 1.0):
         super().__init__(num_timesteps, device, tables)
         check_bins(bins, num_timesteps)
         self.num_bins = bins
