@@ -35,19 +35,13 @@ from adaptive.checkpoint import read_config  # noqa: E402
 from adaptive.config import TrainConfig  # noqa: E402
 from adaptive.data import decode_all, open_entries, to_model_input  # noqa: E402
 from adaptive.model import build_noise_scheduler, build_unet  # noqa: E402
-from adaptive.timesteps.adaptive import proposal  # noqa: E402
+from adaptive.timesteps.adaptive import balance_weights, proposal  # noqa: E402
 
 
 def second_moment(lam: torch.Tensor, G: torch.Tensor, p: torch.Tensor) -> float:
     """M(p) = (1/B^2) sum_b lambda_b^2 G_b / p_b: second moment of the importance-sampled gradient per draw."""
     B = lam.numel()
     return float((lam ** 2 * G / p).sum() / B ** 2)
-
-
-def unit_lambda(m1: torch.Tensor, beta: float) -> torch.Tensor:
-    """lambda_b proportional to E[L_b]^-beta, mean 1 (the ratios reported do not depend on the normalisation)."""
-    lam = m1 ** -beta
-    return lam / lam.mean()
 
 
 def param_groups(model) -> dict[str, list[torch.nn.Parameter]]:
@@ -101,7 +95,7 @@ def proposals(m1: torch.Tensor, m2: torch.Tensor, G: torch.Tensor, lam: torch.Te
 def analyse(m1, m2, G_by_group: dict, beta: float, mix: float) -> dict:
     """Second moments of the candidate proposals relative to the optimum (whole gradient), per parameter group
     relative to uniform draws, and the log-log slope of sqrt(G) on E[L]."""
-    lam = unit_lambda(m1, beta)
+    lam = balance_weights(m1, beta, "mean")  # mean 1: the reported ratios do not depend on the normalisation
     B = m1.numel()
     G = sum(G_by_group.values())
     props = proposals(m1, m2, G, lam, mix)
@@ -123,7 +117,7 @@ def summarize(paths: list[Path]) -> str:
     for path in paths:
         r = json.loads(path.read_text())
         m1 = torch.tensor(r["mean_loss"])
-        lam = unit_lambda(m1, r["beta"])
+        lam = balance_weights(m1, r["beta"], "mean")
         by_group = {n: torch.tensor(g) for n, g in r["mean_sq_grad_norm_by_group"].items()}
         total = sum(float(g.sum()) for g in by_group.values())
         whole = r["second_moment_over_optimal"]
