@@ -111,6 +111,9 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     dev = make_plan(parse_args(["--tuned", str(tuned), "--seeds", "0", "--methods", "uniform-tuned", "adaptive-tuned"]))
     cost_of, flags = variants(dev.tuned)["adaptive-tuned"]  # adaptive's defaults on uniform-tuned's optimiser
     assert cost_of == "adaptive" and flags[-4:] == ["--learning_rate", "0.004", "--adam_beta2", "0.99"]
+    assert dev.baselines == ["uniform-tuned"]  # adaptive's own variant is shown beside it, not a baseline to beat
+    assert "adaptive-tuned" not in make_plan(parse_args(["--tuned", str(tuned), "--seeds", "0", "--methods", "min_snr",
+                                                          "adaptive", "adaptive-tuned"])).baselines
     with pytest.raises(ValueError, match="--calibration"):
         make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32"]))
     cal = tmp_path / "c.json"
