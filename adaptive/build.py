@@ -50,6 +50,13 @@ class Run:
     lock: object = None  # the output folder's lock file, held for the run's lifetime (main process)
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN computes bf16 in hardware on this CPU (AVX512-BF16 or AMX); elsewhere bf16 autocast is emulated."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def make_accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration

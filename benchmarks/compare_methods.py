@@ -271,8 +271,40 @@ def read_run(out: Path) -> dict:
                       for r in evals], "steps": steps}
 
 
-def run_all(jobs: list[tuple[str, int, list[str], Path]], parallel: int, threads: int, log) -> None:
-    """Run the training commands `parallel` at a time; logs go to <run>/benchmark.log."""
+RUN_RECORDS = ("stats.jsonl", "provenance.json", "run_info.json")  # what a finished run is skipped and reported from
+
+
+def keep_finished_run(d: Path, out: Path) -> None:
+    """A finished run's records next to the table, as out/runs/<method>_seed<k>.<file> (committed with it), so that a
+    lost work folder costs no finished run (restore_finished_run copies them back). A run stopped before its last
+    planned evaluation (SIGTERM also exits 0) is not kept."""
+    import shutil
+
+    planned = json.loads((d / "provenance.json").read_text())["eval_steps"] if (d / "provenance.json").exists() else None
+    if planned is None or not {e["step"] for e in read_run(d)["evals"]} >= set(planned):
+        return
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    for f in RUN_RECORDS:
+        if (d / f).is_file():
+            shutil.copyfile(d / f, out / "runs" / f"{d.name}.{f}")
+
+
+def restore_finished_run(d: Path, out: Path) -> bool:
+    """Copy a kept run's records back into a work folder that has lost them; True if it did."""
+    import shutil
+
+    kept = [out / "runs" / f"{d.name}.{f}" for f in RUN_RECORDS]
+    if (d / "stats.jsonl").exists() or not all(k.is_file() for k in kept):
+        return False
+    d.mkdir(parents=True, exist_ok=True)
+    for f, k in zip(RUN_RECORDS, kept):
+        shutil.copyfile(k, d / f)
+    return True
+
+
+def run_all(jobs: list[tuple[str, int, list[str], Path]], parallel: int, threads: int, log, on_done=None) -> None:
+    """Run the training commands `parallel` at a time; logs go to <run>/benchmark.log; on_done(run folder) after each
+    run that exits 0."""
     pending, running = list(jobs), []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
            "PYTHONUNBUFFERED": "1"}
@@ -282,14 +314,17 @@ def run_all(jobs: list[tuple[str, int, list[str], Path]], parallel: int, threads
             out.mkdir(parents=True, exist_ok=True)
             logf = open(out / "benchmark.log", "a")
             log(f"start {name} seed {seed}: {out}")
-            running.append((name, seed, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), logf))
+            running.append((name, seed, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), logf,
+                            out))
         time.sleep(2)
         for item in list(running):
-            name, seed, proc, logf = item
+            name, seed, proc, logf, out = item
             if proc.poll() is not None:
                 logf.close()
                 running.remove(item)
                 log(f"{'done' if proc.returncode == 0 else f'FAILED ({proc.returncode})'} {name} seed {seed}")
+                if proc.returncode == 0 and on_done is not None:
+                    on_done(out)
 
 
 # ------------------------------------------------------------------------------------------------ 3. report
@@ -761,6 +796,8 @@ def main(argv=None) -> int:
             ratio = used_ratio(costs.get(base[m], {}))
             steps, evals = plan(m, ratio, pl.budget, pl.points)
             d = run_dir(work, m, seed)
+            if restore_finished_run(d, out):
+                log(f"restored the finished run {d.name} from {out / 'runs'}")
             done = read_run(d)
             if {e["step"] for e in done["evals"]} >= set(evals):
                 continue
@@ -775,7 +812,7 @@ def main(argv=None) -> int:
             jobs.append((m, seed, train_command(m, seed, d, steps, evals, args), d))
     if jobs and not args.report_only:
         log(f"{len(jobs)} training runs, {args.parallel} at a time")
-        run_all(jobs, args.parallel, args.threads, log)
+        run_all(jobs, args.parallel, args.threads, log, on_done=lambda d: keep_finished_run(d, out))
 
     # 3. Report: rows from this and earlier invocations, if they share the code.
     rows = {(r["method"], r["seed"]): r for r in previous.get("rows", []) if r.get("code_hash") == this_hash}

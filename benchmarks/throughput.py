@@ -198,7 +198,7 @@ def memory_table(data: Path, args) -> list[dict]:
     return rows
 
 
-def write_plot(res: dict, path: Path) -> None:
+def write_plot(res: dict, path: Path, ylabel: str = "img/s vs reference (conventional loop / DDPMPipeline = 1)") -> None:
     """Bar chart of every kind's speed-up over its reference (conventional loop / DDPMPipeline), per preset."""
     import matplotlib
 
@@ -215,7 +215,7 @@ def write_plot(res: dict, path: Path) -> None:
     ax.bar(range(len(bars)), [b[1] for b in bars], color=["tab:gray" if b[1] == 1.0 else "tab:blue" for b in bars])
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_ylabel("img/s vs reference (conventional loop / DDPMPipeline = 1)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
     ax.set_title(f"Throughput {res['date']} ({res['machine']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
@@ -344,6 +344,7 @@ def ablations(args, data: Path, out: Path, res: dict) -> int:
                 flags = " ".join(VARIANTS.get(kind, ("", []))[1]) or "(default)"
                 L.append(f"| {preset} | {r['batch']} | {kind.replace('train-', '')} | `{flags}` | {v['img_per_s']:.1f} | {v['speedup']:.2f}x |")
     (out / "ablations.md").write_text("\n".join(L) + "\n")
+    write_plot({**res, "train": res["ablations"]}, out / "ablations.png", ylabel="img/s vs our default step (= 1)")
     print(f"report: {out / 'ablations.md'}", flush=True)
     return 0
 

@@ -15,6 +15,18 @@ ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 
 
+def native_bf16() -> bool:
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+# The toy training runs use the preset's bf16 autocast where the CPU computes bf16 natively (AVX512-BF16 / AMX), and
+# fp32 where it would be emulated: there bf16 is 10.6x slower for this model
+# (docs/benchmarks/throughput/2026-12-01-avx2: 10.5 vs 111.3 img/s on an AVX2-only AMD EPYC).
+PRECISION_FLAGS: tuple[str, ...] = () if native_bf16() else ("--mixed_precision", "no")
+
+
 def write_images(folder: Path, n_per_class: int = 12, classes=("cat", "dog"), size: int = 32, seed: int = 0) -> Path:
     """Class folders of random-but-structured PNG images (smooth colour fields, so they compress and decode fast)."""
     from PIL import Image
@@ -64,10 +76,12 @@ def image_zip(tmp_path_factory, image_folder) -> Path:
     return zip_folder(image_folder, tmp_path_factory.mktemp("zips") / "train.zip")
 
 
-def tiny_args(data: Path, out: Path, *extra: str) -> list[str]:
-    """A few-second cpu-tiny16 run on generated data."""
+def tiny_args(data: Path, out: Path, *extra: str, preset_precision: bool = False) -> list[str]:
+    """A few-second cpu-tiny16 run on generated data, at PRECISION_FLAGS unless preset_precision (a test's own
+    --mixed_precision wins either way)."""
     return ["--preset", "cpu-tiny16", "--train_data_dir", str(data), "--output_dir", str(out), "--logger", "none",
-            "--num_grid_images", "4", "--ddpm_num_inference_steps", "4", "--train_batch_size", "4", *extra]
+            "--num_grid_images", "4", "--ddpm_num_inference_steps", "4", "--train_batch_size", "4",
+            *(() if preset_precision else PRECISION_FLAGS), *extra]
 
 
 def run_cli(script: str, args: list[str], nproc: int = 1, timeout: float = 600, env: dict | None = None,

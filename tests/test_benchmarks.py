@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -132,10 +133,11 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
 
 @pytest.mark.slow
 def test_quick_mode_runs_every_stage(tmp_path):
-    from conftest import run_cli
+    from conftest import PRECISION_FLAGS, run_cli
 
     out, work = tmp_path / "report", tmp_path / "work"
-    proc = run_cli("benchmarks/compare_methods.py", ["--quick", "--out", str(out), "--work", str(work)])
+    argv = ["--quick", "--out", str(out), "--work", str(work), *(["--", *PRECISION_FLAGS] if PRECISION_FLAGS else [])]
+    proc = run_cli("benchmarks/compare_methods.py", argv)
     assert "cost ratios: uniform 1.000, adaptive" in proc.stdout
     res = json.loads((out / "results.json").read_text())
     assert {r["method"] for r in res["rows"]} == {"uniform", "adaptive"}
@@ -145,8 +147,17 @@ def test_quick_mode_runs_every_stage(tmp_path):
     table = (out / "README.md").read_text()
     assert "| uniform |" in table and "| adaptive |" in table and "QUICK SMOKE TEST" in table
     # a second invocation reuses the finished runs and the measured costs
-    proc = run_cli("benchmarks/compare_methods.py", ["--quick", "--out", str(out), "--work", str(work)])
+    proc = run_cli("benchmarks/compare_methods.py", argv)
     assert "training runs" not in proc.stdout and "measuring cost" not in proc.stdout
+    # a lost work folder (a new machine): the finished runs come back from the records kept beside the table
+    kept = sorted(p.name for p in (out / "runs").iterdir())
+    assert kept == sorted(f"{m}_seed0.{f}" for m in ("uniform", "adaptive") for f in ("stats.jsonl", "provenance.json",
+                                                                                        "run_info.json"))
+    shutil.rmtree(work)
+    proc = run_cli("benchmarks/compare_methods.py", argv)
+    assert proc.stdout.count("restored the finished run") == 2 and "training runs" not in proc.stdout
+    again = json.loads((out / "results.json").read_text())
+    assert [(r["method"], r["evals"]) for r in again["rows"]] == [(r["method"], r["evals"]) for r in res["rows"]]
 
 
 @pytest.mark.slow
@@ -256,7 +267,7 @@ def test_gpu_protocol_script_runs_end_to_end_and_resumes(tmp_path):
     clean-fid's downloads): both methods train, sample and score; rerunning it redoes nothing."""
     import subprocess
 
-    from conftest import ROOT, write_images, write_pooled_features, zip_folder
+    from conftest import PRECISION_FLAGS, ROOT, write_images, write_pooled_features, zip_folder
 
     feat, out = write_pooled_features(tmp_path / "feat.pt"), tmp_path / "protocol"
     image_zip = zip_folder(write_images(tmp_path / "train", size=16), tmp_path / "train.zip")  # cpu-tiny16's size
@@ -265,7 +276,8 @@ def test_gpu_protocol_script_runs_end_to_end_and_resumes(tmp_path):
            "PRESET": "cpu-tiny16", "CONFIG": "accelerate_configs/cpu_2proc.yaml", "DATA": str(image_zip),
            "HOURS": "1", "STEPS": "4", "BATCH": "4", "EVAL_STEPS": "2", "EVAL_IMAGES": "8", "SAMPLE_STEPS": "10",
            "SAMPLE_BATCH": "4", "FEATURES": str(feat), "OUT": str(out),
-           "TRAIN_FLAGS": "--logger none --eval_ref_num_images 16", "EVAL_FLAGS": f"--ref_dir {image_zip}"}
+           "TRAIN_FLAGS": " ".join(["--logger none --eval_ref_num_images 16", *PRECISION_FLAGS]),
+           "EVAL_FLAGS": f"--ref_dir {image_zip}"}
 
     def run(**extra):
         proc = subprocess.run(["bash", "benchmarks/gpu_protocol.sh"], cwd=ROOT, env={**env, **extra},
@@ -471,3 +483,23 @@ def test_grad_by_t_second_moment_is_the_importance_sampled_estimators_and_the_op
         other = proposal(torch.ones(B), torch.rand(B, generator=gen) + 1e-3, 0.0)
         assert second_moment(lam, G, other) >= best * (1 - 1e-6)
     assert second_moment(lam, G, torch.full((B,), 1.0 / B)) > best * 1.01
+
+
+def test_only_a_run_with_every_planned_evaluation_is_kept_beside_the_table(tmp_path):
+    """A run stopped early by SIGTERM exits 0 too: it is not kept (a kept run is skipped when restored)."""
+    from compare_methods import keep_finished_run, restore_finished_run
+
+    d, out = tmp_path / "work" / "adaptive_seed10", tmp_path / "out"
+    d.mkdir(parents=True)
+    (d / "provenance.json").write_text(json.dumps({"eval_steps": [4, 8]}))
+    (d / "run_info.json").write_text("{}")
+    evals = [{"step": s, "proxy_fd": 1.0, "train_seconds": 1.0} for s in (4, 8)]
+    (d / "stats.jsonl").write_text(json.dumps(evals[0]) + "\n")
+    keep_finished_run(d, out)
+    assert not (out / "runs").exists()
+    (d / "stats.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    keep_finished_run(d, out)
+    assert len(list((out / "runs").iterdir())) == 3
+    assert not restore_finished_run(d, out)  # the work folder still has its records: nothing is overwritten
+    shutil.rmtree(d)
+    assert restore_finished_run(d, out) and (d / "stats.jsonl").read_text().count("proxy_fd") == 2

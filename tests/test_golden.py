@@ -1,11 +1,16 @@
 """Behaviour unchanged, provably: a short cpu-tiny16 run of every timestep method, with 1 and 2 ranks, must end with
 the recorded parameters, EMA, optimizer state, timestep-sampler state, logged losses and proxy FD, bit for bit
-(tests/golden/golden.json, recorded before the code was rearranged).
+(tests/golden/golden.json; the first record was made before the code was rearranged).
 
-Hashes are compared exactly on the platform they were recorded on (CPU model, torch version); elsewhere the sums of
-the same tensors are compared to 1e-4 (bf16 kernels may round differently on another CPU).
+The runs use the preset's bf16 autocast where the CPU has native bf16 (AVX512-BF16 / AMX) and fp32 elsewhere: emulated
+bf16 is 10.6x slower for this model (docs/benchmarks/throughput/2026-12-01-avx2, AVX2-only AMD EPYC). golden.json holds one record per
+(CPU, torch, precision). On a recorded platform the hashes are compared exactly; on another CPU the sums of the same
+tensors are compared to TOLERANCE against a record of the same precision, because kernels round differently there
+(Intel Xeon vs AMD EPYC, bf16: proxy FD 2.4406 vs 2.4342 with 1 rank, 2.1969 vs 2.2066 with 2 ranks, i.e. 0.26% and
+0.44%).
 
-Re-record (only for an intended change of behaviour, named in the commit):  python tests/test_golden.py
+Record this platform (a new CPU at unchanged code, or every platform for an intended change of behaviour, named in
+the commit; records of other platforms are kept):  python tests/test_golden.py
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli, write_images, write_pooled_features
+from conftest import PRECISION_FLAGS, ROOT, run_cli, write_images, write_pooled_features
 
 GOLDEN = Path(__file__).parent / "golden" / "golden.json"
 HELPER = "tests/helpers/golden_runs.py"
+TOLERANCE = 2e-2  # relative, for sums on an unrecorded CPU: ~5x the largest cross-CPU drift measured (0.44%)
 
 
 def fingerprint() -> dict:
@@ -35,10 +41,15 @@ def fingerprint() -> dict:
     return {"cpu": cpu, "torch": torch.__version__, "machine": platform.machine()}
 
 
+def precision() -> str:
+    """The preset's bf16 where this CPU computes it natively, fp32 ("no") where bf16 would be emulated."""
+    return PRECISION_FLAGS[1] if PRECISION_FLAGS else "bf16"
+
+
 def golden_runs(tmp: Path, nproc: int) -> dict:
     data = write_images(tmp / "train")  # the same generated images as conftest's image_folder
     feats = write_pooled_features(tmp / "feat.pt")
-    proc = run_cli(HELPER, [str(data), str(feats), str(tmp / f"runs{nproc}")], nproc=nproc,
+    proc = run_cli(HELPER, [str(data), str(feats), str(tmp / f"runs{nproc}"), precision()], nproc=nproc,
                    env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     line = next(l for l in proc.stdout.splitlines() if l.startswith("GOLDEN "))
     return json.loads(line[len("GOLDEN "):])
@@ -47,26 +58,39 @@ def golden_runs(tmp: Path, nproc: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_every_method_ends_bit_identical_to_the_recorded_run(tmp_path, nproc):
-    golden = json.loads(GOLDEN.read_text())
-    want = golden["runs"][str(nproc)]
+    records = [r for r in json.loads(GOLDEN.read_text())["records"] if r["mixed_precision"] == precision()]
+    assert records, f"no golden record at mixed_precision={precision()}: record one (python tests/test_golden.py)"
+    exact = next((r for r in records if r["fingerprint"] == fingerprint()), None)
+    want = (exact or records[0])["runs"][str(nproc)]
     got = golden_runs(tmp_path, nproc)["runs"]
     assert sorted(got) == sorted(want)
-    if golden["fingerprint"] == fingerprint():
+    if exact:
         diff = {m: [k for k in ("model", "ema", "optimizer", "sampler", "logged") if got[m][k] != want[m][k]]
                 for m in want}
         assert not any(diff.values()), f"{nproc} rank(s): changed {diff}"
     else:
         for m in want:
             for k, v in want[m]["sums"].items():
-                assert got[m]["sums"][k] == pytest.approx(v, rel=1e-4), (m, k)
+                assert got[m]["sums"][k] == pytest.approx(v, rel=TOLERANCE), (m, k)
 
 
-if __name__ == "__main__":  # record
+def test_a_golden_record_is_chosen_by_platform_and_precision():
+    """Every record names its platform and precision, no two share both, and both precisions are recorded."""
+    records = json.loads(GOLDEN.read_text())["records"]
+    keys = [(json.dumps(r["fingerprint"], sort_keys=True), r["mixed_precision"]) for r in records]
+    assert len(set(keys)) == len(keys) and {r["mixed_precision"] for r in records} == {"bf16", "no"}
+    assert all(sorted(r["runs"]) == ["1", "2"] for r in records)
+
+
+if __name__ == "__main__":  # record this platform at its precision, keeping the other platforms' records
     import tempfile
 
     sys.path.insert(0, str(ROOT / "tests"))
     with tempfile.TemporaryDirectory() as d:
         runs = {str(n): golden_runs(Path(d) / str(n), n)["runs"] for n in (1, 2)}
+    old = json.loads(GOLDEN.read_text())["records"] if GOLDEN.exists() else []
+    mine = {"fingerprint": fingerprint(), "mixed_precision": precision()}
+    kept = [r for r in old if {k: r[k] for k in mine} != mine]
     GOLDEN.parent.mkdir(exist_ok=True)
-    GOLDEN.write_text(json.dumps({"fingerprint": fingerprint(), "runs": runs}, indent=1) + "\n")
-    print(f"recorded {GOLDEN}")
+    GOLDEN.write_text(json.dumps({"records": [*kept, {**mine, "runs": runs}]}, indent=1) + "\n")
+    print(f"recorded {GOLDEN} for {mine}")

@@ -2,8 +2,8 @@
 the sha256 of what training produced - parameters, EMA, optimizer state, timestep-sampler state, logged losses and
 the in-training proxy FD.
 
-    python tests/helpers/golden_runs.py DATA FEATURES OUT                  # 1 process
-    accelerate launch --num_processes 2 tests/helpers/golden_runs.py ...  # 2 gloo ranks
+    python tests/helpers/golden_runs.py DATA FEATURES OUT PRECISION [METHOD ...]  # 1 process; PRECISION: bf16 | no
+    accelerate launch --num_processes 2 tests/helpers/golden_runs.py ...         # 2 gloo ranks
 
 All runs share one process group: train() would tear the group down at its end (end_training), so this test driver
 replaces end_training by its tracker part and tears the group down once, at the very end. Prints one JSON line
@@ -43,9 +43,10 @@ METHODS = {
 STEPS = 42  # past kim2025's first policy update (every 40 optimizer steps)
 
 
-def args(data: str, features: str, out: Path) -> list[str]:
+def args(data: str, features: str, out: Path, precision: str) -> list[str]:
     """A few seconds per method: batch 4 x 2 accumulation, 42 steps, an 8-image evaluation at the end."""
-    return ["--preset", "cpu-tiny16", "--train_data_dir", data, "--output_dir", str(out), "--logger", "none",
+    return ["--preset", "cpu-tiny16", "--mixed_precision", precision, "--train_data_dir", data,
+            "--output_dir", str(out), "--logger", "none",
             "--max_train_steps", str(STEPS), "--ddpm_num_inference_steps", "4",
             "--train_batch_size", "4", "--gradient_accumulation_steps", "2", "--lr_warmup_steps", "5",
             "--logging_steps", "7", "--checkpointing_steps", "21", "--save_images_steps", "none",
@@ -103,14 +104,14 @@ def record(out: Path) -> dict:
 
 
 def main() -> int:
-    data, features, root = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    methods = sys.argv[4:] or list(METHODS)
+    data, features, root, precision = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+    methods = sys.argv[5:] or list(METHODS)
     torch.set_num_threads(1)
     Accelerator.end_training = lambda self: [t.finish() for t in self.trackers]  # one process group for every run
     results = {}
     for name in methods:
         out = root / name
-        code = train_accelerate.main([*args(data, features, out), *METHODS[name]])
+        code = train_accelerate.main([*args(data, features, out, precision), *METHODS[name]])
         assert code == 0, (name, code)
         results[name] = record(out) if PartialState().is_main_process else None
     PartialState().wait_for_everyone()
