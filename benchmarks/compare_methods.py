@@ -280,8 +280,8 @@ def keep_finished_run(d: Path, out: Path) -> None:
     planned evaluation (SIGTERM also exits 0) is not kept."""
     import shutil
 
-    planned = json.loads((d / "provenance.json").read_text())["eval_steps"] if (d / "provenance.json").exists() else None
-    if planned is None or not {e["step"] for e in read_run(d)["evals"]} >= set(planned):
+    prov = d / "provenance.json"
+    if not prov.exists() or not complete({**read_run(d), "eval_steps": json.loads(prov.read_text())["eval_steps"]}):
         return
     (out / "runs").mkdir(parents=True, exist_ok=True)
     for f in RUN_RECORDS:

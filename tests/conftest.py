@@ -11,20 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adaptive.build import cpu_has_native_bf16
+
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
-
-
-def native_bf16() -> bool:
-    import torch
-
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # The toy training runs use the preset's bf16 autocast where the CPU computes bf16 natively (AVX512-BF16 / AMX), and
 # fp32 where it would be emulated: there bf16 is 10.6x slower for this model
 # (docs/benchmarks/throughput/2026-12-01-avx2: 10.5 vs 111.3 img/s on an AVX2-only AMD EPYC).
-PRECISION_FLAGS: tuple[str, ...] = () if native_bf16() else ("--mixed_precision", "no")
+PRECISION_FLAGS: tuple[str, ...] = () if cpu_has_native_bf16() else ("--mixed_precision", "no")
 
 
 def write_images(folder: Path, n_per_class: int = 12, classes=("cat", "dog"), size: int = 32, seed: int = 0) -> Path:

@@ -11,11 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from adaptive.build import cpu_has_native_bf16
 from adaptive.config import PRESETS, TrainConfig
 from adaptive.model import build_unet
 from adaptive.seeding import seed_for
 
-from conftest import native_bf16, run_cli, tiny_args, write_pooled_features
+from conftest import run_cli, tiny_args, write_pooled_features
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,7 @@ def test_two_ranks_really_train_end_to_end(tmp_path, image_zip):
                                                   preset_precision=True), nproc=2)
     assert "world_size=2" in proc.stdout
     # bf16 autocast on a CPU without native bf16 is emulated (10x slower): the run says so, once, and only there
-    assert proc.stdout.count("bf16 autocast is emulated") == (0 if native_bf16() else 1)
+    assert proc.stdout.count("bf16 autocast is emulated") == (0 if cpu_has_native_bf16() else 1)
     records = [json.loads(l) for l in (out / "stats.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 4]
     assert all(r["world_size"] == 2 and r["images"] == r["step"] * 8 for r in records)
