@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -165,14 +166,20 @@ def clean_fid_reference(dataset: str, resolution: int, mode: str, split: str = "
 
 
 def save_stats(path: Path, mu: np.ndarray, sigma: np.ndarray, feats: Optional[np.ndarray] = None, **meta) -> Path:
+    """Write the .npz atomically through a temporary file of this writer's own: runs that share the cache (parallel
+    benchmark runs, parallel tests) may build the same reference at once, and the last complete file wins."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp.npz")
+    os.close(fd)
     arrays = {"mu": mu, "sigma": sigma}
     if feats is not None:
         arrays["feats"] = feats.astype(np.float32)
-    np.savez(tmp, **arrays, meta=np.array(repr(sorted(meta.items()))))
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, **arrays, meta=np.array(repr(sorted(meta.items()))))
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return path
 
 

@@ -68,6 +68,26 @@ def test_kid_matches_clean_fid_and_is_about_zero_for_one_distribution():
     assert abs(kid(x, x)) < 0.1 * shifted  # the unbiased estimator on one set: ~ -O(1/N)
 
 
+def test_two_writers_of_one_reference_file_both_succeed_and_leave_a_complete_file(tmp_path, monkeypatch):
+    """Runs sharing the cache may save the same reference at once: writer B finishing between A's write and A's rename
+    must fail neither, leave a whole file (the last one renamed) and no temporary files."""
+    import adaptive.fid as fid
+
+    path, real_savez, calls = tmp_path / "ref.npz", np.savez, []
+
+    def savez_then_another_writer(file, **arrays):
+        real_savez(file, **arrays)
+        if not calls:
+            calls.append(file)
+            save_stats(path, np.full(3, 2.0), np.eye(3), writer="B")  # B writes and renames while A is mid-way
+
+    monkeypatch.setattr(fid.np, "savez", savez_then_another_writer)
+    save_stats(path, np.full(3, 1.0), np.eye(3), writer="A")
+    with np.load(path) as z:
+        assert z["mu"].tolist() == [1.0, 1.0, 1.0] and "'A'" in str(z["meta"])
+    assert [p.name for p in tmp_path.iterdir()] == ["ref.npz"]
+
+
 def test_precision_recall_of_identical_and_of_far_apart_sets():
     rng = np.random.default_rng(3)
     x = rng.normal(size=(200, 16))
