@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 # Local images for the demo (folder or .zip); empty = CIFAR-10 via torchvision (downloads when online).
 DATA ?= $(wildcard ../shared/datasets/cifar10-jpeg/train.zip)
 DEMO_DIR ?= runs/demo
+# Test processes (pytest-xdist): most of a test's time is a subprocess importing torch + diffusers on one core.
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test clean
 
@@ -25,7 +27,7 @@ demo: install
 	@echo "sample grids: $(DEMO_DIR)/samples/   pipeline: $(DEMO_DIR)/ (DDPMPipeline.from_pretrained)"
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 clean:
 	rm -rf $(VENV) runs/demo
