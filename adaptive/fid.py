@@ -177,6 +177,9 @@ def save_stats(path: Path, mu: np.ndarray, sigma: np.ndarray, feats: Optional[np
         arrays["feats"] = feats.astype(np.float32)
     try:
         np.savez(tmp, **arrays, meta=np.array(repr(sorted(meta.items()))))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide a shared --cache_dir's file from its other users
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)

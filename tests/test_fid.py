@@ -4,6 +4,7 @@ feature network made here (no Inception weights, no clean-fid statistics, nothin
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,9 @@ def test_two_writers_of_one_reference_file_both_succeed_and_leave_a_complete_fil
     with np.load(path) as z:
         assert z["mu"].tolist() == [1.0, 1.0, 1.0] and "'A'" in str(z["meta"])
     assert [p.name for p in tmp_path.iterdir()] == ["ref.npz"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() would create it, not mkstemp's 0600
 
 
 def test_precision_recall_of_identical_and_of_far_apart_sets():
