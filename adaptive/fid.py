@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -170,19 +170,15 @@ def save_stats(path: Path, mu: np.ndarray, sigma: np.ndarray, feats: Optional[np
     benchmark runs, parallel tests) may build the same reference at once, and the last complete file wins."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp.npz")
-    os.close(fd)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp.npz")  # created as a plain write: the umask's mode
     arrays = {"mu": mu, "sigma": sigma}
     if feats is not None:
         arrays["feats"] = feats.astype(np.float32)
     try:
         np.savez(tmp, **arrays, meta=np.array(repr(sorted(meta.items()))))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide a shared --cache_dir's file from its other users
         os.replace(tmp, path)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
     return path
 
 

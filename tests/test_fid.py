@@ -89,7 +89,7 @@ def test_two_writers_of_one_reference_file_both_succeed_and_leave_a_complete_fil
     assert [p.name for p in tmp_path.iterdir()] == ["ref.npz"]
     umask = os.umask(0)
     os.umask(umask)
-    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() would create it, not mkstemp's 0600
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() creates it: a shared --cache_dir stays readable
 
 
 def test_precision_recall_of_identical_and_of_far_apart_sets():
