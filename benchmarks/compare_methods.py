@@ -53,6 +53,11 @@ METHODS = {  # method -> train_accelerate.py flags
 COST_FREE = 1.02  # cost ratios up to this use the uniform step counts (PROTOCOL.md)
 CLAIM_SEEDS = (10, 11, 12)  # PROTOCOL.md: run once, on a frozen method; no development run may use them
 CALIBRATION_STEPS = 6000  # 32 px calibration: uniform-tuned on seed 0, evaluated every 500 steps
+# PROTOCOL.md "Long runs": does a gain last? 6,000 steps; speed-ups to the reference's FD at each of LONG_TARGETS.
+LONG_STEPS = 6000
+LONG_POINTS = {"16": (500, 1000, 1500, 2000, 3000, 4000, 5000, 6000),
+               "32": tuple(range(500, CALIBRATION_STEPS + 1, 500))}  # 32 px: the calibration's points (shared run)
+LONG_TARGETS = (2000, 4000, 6000)
 # `uniform-tuned` (PROTOCOL.md): the best of this grid on development seed 0 by FD at the budget.
 TUNING_GRID = {"learning_rate": (1e-3, 2e-3, 4e-3, 8e-3), "adam_beta2": (0.999, 0.99)}
 TUNING_SEED = 0
@@ -392,6 +397,25 @@ def aggregate(rows: list[dict], budget: int, points: tuple[int, ...], reference:
     return summary
 
 
+def speedups_at(summary: dict, reference: str, targets: tuple[int, ...]) -> dict:
+    """Long runs: per method and target step T, the reference's mean FD at T, the uniform-equivalent step at which
+    the method's mean curve first reaches it (linear interpolation) and the speed-up T / that step."""
+    ref = summary.get(reference)
+    out: dict = {}
+    if not ref or not ref["curve"]:
+        return out
+    ref_fd = {p["equiv_step"]: p["mean"] for p in ref["curve"]}
+    for m, s in summary.items():
+        xs, ys = [p["equiv_step"] for p in s["curve"]], [p["mean"] for p in s["curve"]]
+        for t in targets:
+            if t not in ref_fd or not xs:
+                continue
+            cross = interpolate_crossing(xs, ys, ref_fd[t])
+            out.setdefault(m, {})[t] = {"target_fd": ref_fd[t], "equiv_steps_to_target": cross,
+                                        "speedup": t / cross if cross else None}
+    return out
+
+
 def complete(row: dict) -> bool:
     """Every planned evaluation of the run is recorded."""
     return {e["step"] for e in row["evals"]} >= set(row.get("eval_steps", ()))
@@ -485,7 +509,7 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
     ref = meta.get("reference", "uniform")
     kind = {"tune": "uniform-tuned grid (development seed 0)", "claim": "CLAIM table (frozen method, claim seeds)",
             "dev": "development table", "ablation": "ablation of adaptive (development seeds)",
-            "calibrate": "32 px calibration"}[meta.get("table", "dev")]
+            "calibrate": "32 px calibration", "long": "long runs (development seeds)"}[meta.get("table", "dev")]
     lines = [f"# Timestep methods at equal cost - CPU proxy protocol, {meta.get('preset', 'cpu-tiny16')} - {kind} "
              f"({meta['date']}){quick}", "",
              "CPU proxy FD (not FID) of the EMA model, 1,000 images, 50-step DDPM ancestral sampling, "
@@ -526,6 +550,19 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
             f"**{sel['name']}** (lr {sel['learning_rate']:g}, beta2 {sel['adam_beta2']:g}, FD at the budget "
             f"{sel['fd_at_budget']:.3f}; rule: {sel['rule']}; tied: {', '.join(sel['tied'])}) - written to "
             "`uniform_tuned.json`." if sel else "not every grid point has finished yet.")]
+    elif meta.get("table") == "long":
+        sp = meta.get("speedups_at", {})
+        targets = sorted({t for v in sp.values() for t in v}, key=int)
+        lines += ["", f"Speed-up to {ref}'s mean FD at each target step T (T / the uniform-equivalent steps at which the "
+                  "method's mean curve first reaches that FD; 'not reached' = never within the run):", "",
+                  "| method | " + " | ".join(f"T = {t}" for t in targets) + " |", "|---|" + "---|" * len(targets)]
+        for m, v in sorted(sp.items(), key=lambda kv: order(kv[0])):
+            cells = []
+            for t in targets:
+                c = v.get(t) or v.get(str(t))
+                cells.append("-" if not c else f"{c['speedup']:.2f}x (FD {c['target_fd']:.2f} at step "
+                             f"{c['equiv_steps_to_target']:.0f})" if c["speedup"] else f"not reached (FD {c['target_fd']:.2f})")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
     elif meta.get("table") == "ablation":
         lines += ["", "Rows (flags beyond the default `adaptive`): " + "; ".join(
             f"`{n}`: `{' '.join(f)}`" for n, f in ABLATIONS.items()) + ". What each part buys: docs/adaptive.md."]
@@ -556,6 +593,9 @@ def parse_args(argv=None):
                    help="the ablation table of adaptive (uniform, its parts, the clipping interplay; docs/adaptive.md)")
     p.add_argument("--calibrate", action="store_true",
                    help="32 px calibration: uniform-tuned on seed 0 for 6000 steps, evaluated every 500 -> budget B")
+    p.add_argument("--long", action="store_true",
+                   help="long runs (PROTOCOL.md): 6,000 steps on development seeds, evaluated at 500 ... 6,000; "
+                        "speed-ups to the reference's FD at 2,000 / 4,000 / 6,000 (default methods uniform-tuned adaptive)")
     p.add_argument("--tuned", type=Path, default=None, help="uniform_tuned.json of a --tune_uniform table")
     p.add_argument("--calibration", type=Path, default=None, help="calibration.json of a --calibrate run (32 px)")
     p.add_argument("--reference", default=None, help="the baseline speed-ups are against (default uniform-tuned "
@@ -705,6 +745,11 @@ def make_plan(args) -> Plan:
         # first the 6,000-step run; once B is known (--calibration), uniform-tuned's lr against its 2 neighbours
         methods = recheck_points(pl.tuned) if calibration else ["uniform-tuned"]
         pl.reference = pl.reference or (methods[0] if calibration else "uniform-tuned")
+    elif args.long:
+        if not pl.tuned or args.claim:
+            raise ValueError("--long needs --tuned (its reference is uniform-tuned) and is a development table "
+                             "(never --claim)")
+        pl.table, methods = "long", methods or ["uniform-tuned", "adaptive"]
     elif methods is None:
         methods = [m for m in METHODS if not (pl.tuned and m == "uniform")]
         methods = (["uniform-tuned"] if pl.tuned else []) + methods
@@ -725,6 +770,8 @@ def make_plan(args) -> Plan:
     pl.methods, pl.seeds = methods, seeds
     if pl.table == "calibrate" and not calibration:
         pl.budget, pl.points = CALIBRATION_STEPS, tuple(range(500, CALIBRATION_STEPS + 1, 500))
+    elif pl.table == "long":
+        pl.budget, pl.points = LONG_STEPS, LONG_POINTS[args.protocol]
     elif args.protocol == "32":
         if not calibration:
             raise ValueError("--protocol 32 needs --calibration (the calibration.json of a --calibrate run)")
@@ -853,6 +900,8 @@ def main(argv=None) -> int:
             (out / "uniform_tuned.json").write_text(json.dumps(meta["selected"], indent=1))
     if pl.table == "calibrate":
         meta["calibration"] = write_calibration(summary, pl, args, out)
+    if pl.table == "long":
+        meta["speedups_at"] = speedups_at(summary, pl.reference, LONG_TARGETS)
     results_file.write_text(json.dumps({**meta, "costs": costs, "rows": row_list, "summary": summary}, indent=1))
     keep_run_logs(row_list, work, out)
     if summary:

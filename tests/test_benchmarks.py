@@ -503,3 +503,29 @@ def test_only_a_run_with_every_planned_evaluation_is_kept_beside_the_table(tmp_p
     assert not restore_finished_run(d, out)  # the work folder still has its records: nothing is overwritten
     shutil.rmtree(d)
     assert restore_finished_run(d, out) and (d / "stats.jsonl").read_text().count("proxy_fd") == 2
+
+
+def test_long_runs_plan_and_speedups_at_several_targets(tmp_path):
+    from compare_methods import LONG_POINTS, speedups_at
+
+    tuned = tmp_path / "t.json"
+    tuned.write_text(json.dumps({"learning_rate": 2e-3, "adam_beta2": 0.99}))
+    pl = make_plan(parse_args(["--long", "--tuned", str(tuned), "--seeds", "0", "1"]))
+    assert pl.table == "long" and pl.methods == ["uniform-tuned", "adaptive"] and pl.budget == 6000
+    assert pl.points == (500, 1000, 1500, 2000, 3000, 4000, 5000, 6000) and pl.reference == "uniform-tuned"
+    # 32 px: the calibration's points and budget, so that uniform-tuned's run is the calibration run itself
+    pl32 = make_plan(parse_args(["--long", "--protocol", "32", "--tuned", str(tuned), "--seeds", "0"]))
+    assert pl32.preset == "cpu-tiny" and pl32.points == LONG_POINTS["32"] == tuple(range(500, 6001, 500))
+    with pytest.raises(ValueError, match="--tuned"):
+        make_plan(parse_args(["--long", "--seeds", "0"]))
+    with pytest.raises(ValueError, match="never --claim"):
+        make_plan(parse_args(["--long", "--claim", "--tuned", str(tuned), "--seeds", "10", "11", "12"]))
+    pts = (2000, 4000, 6000)
+    rows = [curve_row("uniform-tuned", 0, {2000: 4.0, 4000: 3.0, 6000: 2.0}, planned=pts),
+            curve_row("adaptive", 0, {2000: 3.0, 4000: 2.5, 6000: 2.4}, planned=pts)]
+    sp = speedups_at(aggregate(rows, 6000, pts, reference="uniform-tuned"), "uniform-tuned", pts)
+    assert sp["uniform-tuned"][4000]["speedup"] == pytest.approx(1.0)
+    assert sp["adaptive"][2000]["speedup"] == pytest.approx(1.0)  # 4.0 is reached at its first point: 2000 / 2000
+    assert sp["adaptive"][4000]["equiv_steps_to_target"] == pytest.approx(2000)  # 3.0 reached at 2,000: 2x
+    assert sp["adaptive"][4000]["speedup"] == pytest.approx(2.0)
+    assert sp["adaptive"][6000]["speedup"] is None  # uniform-tuned caught up: 2.0 is never reached
