@@ -529,3 +529,20 @@ def test_long_runs_plan_and_speedups_at_several_targets(tmp_path):
     assert sp["adaptive"][4000]["equiv_steps_to_target"] == pytest.approx(2000)  # 3.0 reached at 2,000: 2x
     assert sp["adaptive"][4000]["speedup"] == pytest.approx(2.0)
     assert sp["adaptive"][6000]["speedup"] is None  # uniform-tuned caught up: 2.0 is never reached
+
+
+def test_error_spectrum_bands_split_the_power_exactly():
+    import torch
+    from error_spectrum import BAND_NAMES, band_power, radial_band
+
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    per = band_power(x, radial_band(16))
+    assert per.shape == (len(BAND_NAMES),)
+    assert float(per.sum()) == pytest.approx(float(x.pow(2).mean()), rel=1e-5)  # Parseval: the bands partition it
+    const = torch.full((2, 3, 32, 32), 0.5)  # a flat image has all its power in the mean
+    assert band_power(const, radial_band(32)).tolist() == pytest.approx([0.25] + [0.0] * (len(BAND_NAMES) - 1))
+    # one cycle per image along x: all power in band "1", whatever the resolution
+    for s in (16, 32):
+        wave = torch.cos(2 * torch.pi * torch.arange(s) / s).expand(1, 1, s, s)
+        p = band_power(wave, radial_band(s))
+        assert float(p[BAND_NAMES.index("1")]) == pytest.approx(0.5, rel=1e-6) and float(p.sum()) == pytest.approx(0.5)
