@@ -135,23 +135,6 @@ def test_two_processes_write_the_same_images_as_one(model_path, batch4, tmp_path
         assert np.array_equal(z["arr_0"], y["arr_0"])
 
 
-@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction", "sample"])
-def test_own_ddpm_step_is_bit_identical_to_the_scheduler(prediction_type):
-    """ddpm_step (noise passed in, no host sync) == DDPMScheduler.step with the same noise, exactly."""
-    from diffusers import DDPMScheduler
-
-    from adaptive.image_sampler import ddpm_step
-
-    s = DDPMScheduler(prediction_type=prediction_type)
-    s.set_timesteps(50)
-    x, out = torch.randn(4, 3, 8, 8), torch.randn(4, 3, 8, 8)
-    for i, t in enumerate(s.timesteps):
-        noise = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(i)) if t > 0 else None
-        ref = s.step(out, t, x, generator=torch.Generator().manual_seed(i)).prev_sample
-        prev = int(s.timesteps[i + 1]) if i + 1 < len(s.timesteps) else -1
-        assert torch.equal(ddpm_step(s, out, t, prev, x, noise), ref)
-
-
 @pytest.mark.slow
 def test_compiled_sampling_gives_the_eager_images(model_path, batch4, tmp_path, monkeypatch):
     # sample.py --compile: inductor with frozen weights; same images up to float rounding of fused kernels
