@@ -108,8 +108,12 @@ def generate_distributed(accelerator, unet, scheduler_config, seeds: Sequence[in
     return imgs[: len(seeds)]
 
 
+GRID_MIN_PX = 256  # sample grids are enlarged (nearest neighbour, an integer factor) to at least this size
+
+
 def save_grid(images: torch.Tensor | np.ndarray, path: str | Path, nrow: Optional[int] = None) -> Path:
-    """uint8 [N, H, W, 3] -> one PNG grid with 2 px gaps."""
+    """uint8 [N, H, W, 3] -> one PNG grid with 2 px gaps, enlarged by an integer factor (nearest neighbour: every
+    pixel becomes a k x k block) until its shorter side is at least GRID_MIN_PX."""
     from PIL import Image
 
     arr = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
@@ -121,6 +125,8 @@ def save_grid(images: torch.Tensor | np.ndarray, path: str | Path, nrow: Optiona
     for i in range(n):
         r, q = divmod(i, nrow)
         grid[pad + r * (h + pad) : pad + r * (h + pad) + h, pad + q * (w + pad) : pad + q * (w + pad) + w] = arr[i]
+    k = max(1, math.ceil(GRID_MIN_PX / min(grid.shape[:2])))
+    grid = grid.repeat(k, axis=0).repeat(k, axis=1)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(path)

@@ -187,3 +187,18 @@ def test_sample_from_a_checkpoint_or_a_run_left_before_its_export(tmp_path, imag
     assert all(torch.equal(v, weights[k]) for k, v in pipe.unet.state_dict().items())
     proc = run_cli("sample.py", ["--model_path", str(tmp_path), "--output_dir", str(tmp_path / "x")], check=False)
     assert proc.returncode == 2 and "no exported pipeline and no valid checkpoint" in proc.stderr
+
+
+def test_sample_grids_are_enlarged_by_whole_pixels_to_at_least_256_px(tmp_path):
+    """A 16 px grid of 64 images (146 px) is doubled to 292 px, each pixel a 2 x 2 block (nearest neighbour); a grid
+    that is large enough keeps its size."""
+    from PIL import Image
+
+    from adaptive.image_sampler import save_grid
+
+    imgs = np.random.default_rng(0).integers(0, 256, (64, 16, 16, 3), dtype=np.uint8)
+    grid = np.asarray(Image.open(save_grid(imgs, tmp_path / "small.png")))
+    assert grid.shape == (292, 292, 3)  # (8 x (16 + 2) + 2) x 2
+    assert np.array_equal(grid[4:36, 4:36], imgs[0].repeat(2, axis=0).repeat(2, axis=1))
+    big = np.zeros((4, 160, 160, 3), dtype=np.uint8)
+    assert np.asarray(Image.open(save_grid(big, tmp_path / "big.png"))).shape == (326, 326, 3)  # 2 x 162 + 2
