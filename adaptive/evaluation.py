@@ -16,7 +16,7 @@ import torch
 from .config import TrainConfig, replace
 from .data import decode_all, default_cache_dir, open_entries
 from .fid import (INCEPTION, FeatureNet, clean_fid_reference, feature_stats, frechet_distance, load_reference_stats,
-                  reference_stats, reference_subset)
+                  reference_stats, reference_subset, warn_if_few)
 from .image_sampler import ddpm_sample, shard
 
 
@@ -45,6 +45,8 @@ class InTrainingEvaluator:
         self.featnet = FeatureNet(cfg.eval_feature_extractor, accelerator.device, cfg.eval_mode)
         with accelerator.main_process_first():
             self.ref = training_reference(cfg, self.featnet, train_images, log)
+        if accelerator.is_main_process:  # as evaluate_fid.py warns about its --samples
+            warn_if_few(cfg.eval_num_images, self.ref["mu"].shape[0], "the evaluation (--eval_num_images)", log)
         self.points = set(cfg.eval_at_steps or ())
 
     def due(self, step: int) -> bool:

@@ -238,10 +238,10 @@ def evaluate(run: Run, session: Session, unet) -> None:
         return
     record = {"step": progress.step, "images": progress.images_seen, "train_seconds": round(progress.train_seconds, 3),
               **metrics}
-    session.stats_file.write(record)
-    run.accelerator.log({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=progress.step)
-    session.last_metrics = record
+    session.stats_file.write(record)  # everything, bookkeeping included (images, steps, seconds)
     metric = session.evaluator.featnet.metric
+    run.accelerator.log({f"eval/{metric}": metrics[metric]}, step=progress.step)  # the trackers plot the score only
+    session.last_metrics = record
     session.log(f"eval at step {progress.step}: {metric}={metrics[metric]:.4f} ({metrics['eval_images']} images, "
                 f"{metrics['eval_seconds']}s)")
 
