@@ -19,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, find_latest, incompatible_keys, list_checkpoints,
-                         resolve_resume, rotate)
+from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, describe_changes, find_latest, incompatible_keys,
+                         list_checkpoints, resolve_resume, rotate)
 from .config import SECRET_FIELDS, ConfigError, TrainConfig
 from .faults import writing
 
@@ -99,7 +99,8 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
         bad = incompatible_keys(saved, cfg.to_dict())
         if bad:
             raise ConfigError(
-                f"{saved_cfg_file.parent} was trained with a different model/objective ({', '.join(bad)} differ); "
+                f"{saved_cfg_file.parent} was trained with a different model/objective "
+                f"({describe_changes(saved, cfg.to_dict(), bad)}); "
                 "use another --output_dir or --overwrite_output_dir"
             )
         changed = [k for k in changed_keys(saved, cfg.to_dict()) if k != "mixed_precision" or saved.get(k) != cfg.mixed_precision]

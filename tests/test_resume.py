@@ -349,6 +349,7 @@ def test_rerunning_a_finished_run_changes_nothing_and_a_larger_budget_continues_
     files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
     proc = run_cli("train_accelerate.py", args)
     assert "nothing to train: step 3 of --max_train_steps 3 reached" in proc.stdout
+    assert "data: " not in proc.stdout  # decided from the checkpoint before any image was decoded
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == files
     proc = run_cli("train_accelerate.py", [*args, "--max_train_steps", "5"])
     assert "resumed from" in proc.stdout and json.loads((out / "export.json").read_text())["step"] == 5

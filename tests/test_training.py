@@ -94,7 +94,7 @@ def test_bad_input_never_touches_an_existing_run(tmp_path, image_folder):
         "invalid choice: 'huge'": ["--preset", "huge", "--output_dir", str(out)],
         "invalid choice: 'sometimes'": tiny_args(image_folder, out, "--lr_scheduler", "sometimes"),
         "unrecognized arguments: --bogus": tiny_args(image_folder, out, "--bogus", "1"),
-        "different model/objective (block_out_channels differ)": tiny_args(
+        "different model/objective (block_out_channels: 32,64,64 -> 32,32,64)": tiny_args(
             image_folder, out, "--resume_from_checkpoint", "latest", "--block_out_channels", "32,32,64"),
     }
     for message, args in cases.items():
