@@ -15,7 +15,8 @@ from .build import Run, cpu_has_native_bf16
 from .config import TrainConfig
 from .control import StopControl
 from .model import count_parameters
-from .rundir import artifact, finish_uploads, lock_output_dir, prepare_for_training, run_info, write_run_records
+from .rundir import (artifact, card_for_repo, finish_uploads, lock_output_dir, prepare_for_training, run_info,
+                     write_run_records)
 from .stats import JsonlWriter, tracker_config
 from .timesteps.report import TimestepReport
 
@@ -61,6 +62,7 @@ def nothing_to_train(cfg: TrainConfig, progress, why: str, log, uploader=None) -
     try:
         uploaded = True
         if uploader is not None:  # the upload may be what the rerun is for
+            card_for_repo(cfg, progress, uploader.repo_id)
             uploader.push(Path(cfg.output_dir), f"final pipeline at step {progress.step}")
             uploaded = finish_uploads(uploader, cfg, log, cfg.hub_upload_timeout)
     finally:
