@@ -41,7 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--mode", choices=("clean", "legacy_tensorflow", "legacy_pytorch"), default="clean",
                    help="clean-fid's resize mode (legacy_tensorflow matches published TF-FID numbers)")
     p.add_argument("--ref", choices=sorted(CLEAN_FID_REFS), default=None,
-                   help="clean-fid's precomputed Inception statistics (default cifar10-train when no other reference)")
+                   help="clean-fid's precomputed Inception statistics [default: cifar10-train when no other "
+                        "reference is given]")
     p.add_argument("--ref_dir", help="reference images: a folder, a .zip or an .npz; statistics cached per content")
     p.add_argument("--ref_dataset", help="reference images from a dataset: 'cifar10' (torchvision) or a Hub id")
     p.add_argument("--ref_num_images", type=int, default=None,
@@ -50,11 +51,11 @@ def parse_args(argv=None):
     p.add_argument("--make_ref", action="store_true",
                    help="only build (and cache) the statistics of --ref_dir/--ref_dataset, print the path and exit")
     p.add_argument("--resolution", type=int, default=None,
-                   help="with --make_ref: build the statistics at this size (default: the images' own size)")
-    p.add_argument("--output", help="metrics file; default: metrics.json next to the samples")
-    p.add_argument("--cache_dir", help="cache root; default ~/.cache/adaptive-diffusion (reference_stats/ inside)")
+                   help="with --make_ref: build the statistics at this size [default: the images' own size]")
+    p.add_argument("--output", help="metrics file [default: metrics.json next to the samples]")
+    p.add_argument("--cache_dir", help="cache root, reference_stats/ inside [default: ~/.cache/adaptive-diffusion]")
     p.add_argument("--batch_size", type=int, default=128, help="images per feature-network batch")
-    p.add_argument("--device", default=None, help="feature-network device; default cuda when available, else cpu")
+    p.add_argument("--device", default=None, help="feature-network device [default: cuda when available, else cpu]")
     return p.parse_args(argv)
 
 

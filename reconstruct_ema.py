@@ -21,8 +21,9 @@ def parse_args(argv=None):
     p = OneLineParser(prog="reconstruct_ema.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--run_dir", required=True, help="training output_dir with config.json and ema_snapshots/")
     p.add_argument("--sigma_rel", type=float, nargs="+", required=True, help="EMA length(s) to reconstruct (relative std)")
-    p.add_argument("--at_step", type=int, default=None, help="optimizer step to reconstruct at (default: last snapshot)")
-    p.add_argument("--output_dir", default=None, help="where to write the pipeline (default: run_dir/phema-<sigma>)")
+    p.add_argument("--at_step", type=int, default=None,
+                   help="optimizer step to reconstruct at [default: the last snapshot]")
+    p.add_argument("--output_dir", default=None, help="where to write the pipeline [default: run_dir/phema-<sigma>]")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a pipeline already in the output folder (e.g. the run's own export in run_dir)")
     return p.parse_args(argv)

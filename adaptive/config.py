@@ -292,6 +292,7 @@ class OneLineParser(argparse.ArgumentParser):
     no abbreviations (`--hub_t` is not `--hub_token`), so a flag is always recognisable by its name."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):  # noqa: D401
@@ -324,15 +325,28 @@ def _optional(conv):
 
 
 def _fmt_default(v) -> str:
-    return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
 
 
 def help_text(name: str, comment: str, cls=TrainConfig) -> str:
-    """The field's comment, its default and the presets that set it otherwise."""
+    """The field's comment, its default (none shown for an empty list) and the presets that set it otherwise."""
     default = cls.__dataclass_fields__[name].default
     by_preset = {p: v[name] for p, v in PRESETS.items() if name in v and v[name] != default}
-    presets = "".join(f"; {p}: {_fmt_default(v)}" for p, v in by_preset.items())
-    return f"{comment} [default {_fmt_default(default)}{presets}]".replace("%", "%%")
+    shown = ([] if default == () else [f"default {_fmt_default(default)}"])
+    shown += [f"{p}: {_fmt_default(v)}" for p, v in by_preset.items()]
+    return (f"{comment} [{'; '.join(shown)}]" if shown else comment).replace("%", "%%")
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help shows each flag's default as `[default X]`, unless its help says it already or there is none to show
+    (None, False, an empty list)."""
+
+    def _get_help_string(self, action):
+        text, default = action.help or "", action.default
+        if ("[default" in text or not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or (isinstance(default, (list, tuple)) and not default)):
+            return text
+        return f"{text} [default {_fmt_default(default).replace('%', '%%')}]"
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls=TrainConfig) -> None:
@@ -490,3 +504,16 @@ def _check_model_and_method(cfg: TrainConfig) -> None:
 
 def replace(cfg: TrainConfig, **changes) -> TrainConfig:
     return dataclasses.replace(cfg, **changes)
+
+
+
+def precision_override(cfg: TrainConfig, given: typing.Optional[str], saved: dict,
+                       launcher: typing.Optional[str]) -> typing.Optional[str]:
+    """The start-up line when the config's mixed_precision - from the preset or the resumed run, not a flag (`given`) -
+    overrides the accelerate config's (`launcher`: $ACCELERATE_MIXED_PRECISION, which accelerate launch sets); None
+    when it does not."""
+    if given is not None or cfg.mixed_precision is None or launcher in (None, cfg.mixed_precision):
+        return None
+    source = "the run's saved config" if saved.get("mixed_precision") is not None else f"preset {cfg.preset}"
+    return (f"mixed_precision {cfg.mixed_precision} (from {source}) overrides the accelerate config's {launcher}; "
+            f"pass --mixed_precision {launcher} to use that")

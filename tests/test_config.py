@@ -138,3 +138,41 @@ def test_help_is_grouped_by_section_and_shows_the_presets_defaults(capsys):
     assert "--block_out_channels" in model and "cpu-tiny16: 32,64,64" in model and "--learning_rate" not in model
     optim = text[text.index("optimisation:"):]
     assert "--learning_rate" in optim and "[default 0.0002; cpu-tiny: 0.002; cpu-tiny16: 0.002]" in " ".join(optim.split())
+
+
+@pytest.mark.parametrize("script", ["train_accelerate", "sample", "evaluate_fid", "reconstruct_ema"])
+def test_every_clis_help_shows_its_defaults_and_no_empty_one(script, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(script).parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "[default ]" not in text and "[default ()]" not in text
+    expected = {
+        "train_accelerate": ["sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10) --ema_snapshot_steps",
+                             "[default 5000]"],
+        "sample": ["images to generate (indices 0 .. N-1) [default 10000]", "[default ddpm]", "[default 0]"],
+        "evaluate_fid": ["[default clean]", "images per feature-network batch [default 128]",
+                         "[default: cifar10-train when no other reference is given]"],
+        "reconstruct_ema": ["[default: the last snapshot]", "[default: run_dir/phema-<sigma>]"],
+    }[script]
+    for part in expected:
+        assert part in text, part
+
+
+def test_a_presets_precision_over_the_accelerate_configs_is_said_at_the_start(tmp_path, capsys, monkeypatch):
+    from adaptive.config import precision_override
+
+    cfg = resolve_config(parse_args(["--preset", "cpu-tiny16"]))
+    assert precision_override(cfg, None, {}, "no") == (
+        "mixed_precision bf16 (from preset cpu-tiny16) overrides the accelerate config's no; pass --mixed_precision no "
+        "to use that")
+    assert "from the run's saved config" in precision_override(cfg, None, {"mixed_precision": "bf16"}, "no")
+    assert precision_override(cfg, "bf16", {}, "no") is None  # a flag is the user's own choice
+    assert precision_override(cfg, None, {}, "bf16") is None and precision_override(cfg, None, {}, None) is None
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # as accelerate launch sets it from its config
+    assert main(["--preset", "cpu-tiny16", "--train_data_dir", str(tmp_path / "missing"), "--output_dir",
+                 str(tmp_path / "run")]) == 2
+    out = capsys.readouterr()
+    assert out.out.startswith("mixed_precision bf16 (from preset cpu-tiny16) overrides the accelerate config's no")
+    assert "does not exist" in out.err
