@@ -18,6 +18,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 # Values that are never written to disk (config.json, trackers, checkpoints, model cards).
 SECRET_FIELDS = ("hub_token",)
@@ -505,6 +506,34 @@ def _check_model_and_method(cfg: TrainConfig) -> None:
 def replace(cfg: TrainConfig, **changes) -> TrainConfig:
     return dataclasses.replace(cfg, **changes)
 
+
+# Re-scoring a run as it was scored (`sample.py` / `evaluate_fid.py --like_run RUN`): a CLI's table maps its flags to
+# (default, the run config's field); a flag not given takes the run's value, else its default.
+
+
+def load_run_config(run_dir: str) -> TrainConfig:
+    """The saved config of a training run (or checkpoint) folder; a one-line ConfigError when it has none."""
+    path = Path(run_dir).expanduser() / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--like_run {run_dir} has no config.json (not a training run or checkpoint folder)")
+    try:
+        return TrainConfig.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the run config {path} ({type(e).__name__}: {e})") from None
+
+
+def like_run_help(text: str, flag: str, table: dict) -> str:
+    """`text [default X; --like_run: the run's FIELD]` for a flag of `table`."""
+    default, field = table[flag]
+    return f"{text} [default {_fmt_default(default)}; --like_run: the run's {field}]".replace("%", "%%")
+
+
+def fill_like_run(args: argparse.Namespace, table: dict, run: typing.Optional[TrainConfig]) -> argparse.Namespace:
+    """`args` with every flag of `table` that was not given (None) set to the run's field, or without a run to its
+    default."""
+    values = {flag: getattr(run, field) if run is not None else default for flag, (default, field) in table.items()
+              if getattr(args, flag) is None}
+    return argparse.Namespace(**{**vars(args), **values})
 
 
 def precision_override(cfg: TrainConfig, given: typing.Optional[str], saved: dict,

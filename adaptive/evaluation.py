@@ -21,16 +21,18 @@ from .image_sampler import ddpm_sample, shard
 
 
 def training_reference(cfg: TrainConfig, featnet: FeatureNet, train_images: Optional[torch.Tensor], log=print) -> dict:
-    """{'mu', 'sigma'[, 'feats']} of the configured reference at the training resolution."""
+    """{'mu', 'sigma'[, 'feats'], 'name'} of the configured reference at the training resolution; `train_images`: the
+    decoded training data if at hand (else the training data is decoded here, as many images as training uses)."""
     if cfg.eval_ref_stats:
         return load_reference_stats(cfg.eval_ref_stats, featnet, (cfg.resolution, cfg.resolution))
     if featnet.spec == INCEPTION and not cfg.eval_ref_dir and (cfg.dataset_name or "").lower() in ("cifar10", "cifar-10") \
             and not cfg.train_data_dir and cfg.resolution == 32:
         mu, sigma = clean_fid_reference("cifar10", 32, cfg.eval_mode, "train")
-        return {"mu": mu, "sigma": sigma}
+        return {"mu": mu, "sigma": sigma, "name": "cifar10-train (clean-fid)"}
     if cfg.eval_ref_dir or train_images is None:
         entries = open_entries(replace(cfg, train_data_dir=cfg.eval_ref_dir or cfg.train_data_dir))
-        images, source = decode_all(entries, cfg.resolution), entries.description
+        limit = None if cfg.eval_ref_dir else cfg.max_train_samples
+        images, source = decode_all(entries, cfg.resolution, limit=limit), entries.description
     else:
         images, source = train_images, "the training data"
     ref = reference_subset(images, cfg.eval_ref_num_images, cfg.resolution)

@@ -151,9 +151,10 @@ def test_every_clis_help_shows_its_defaults_and_no_empty_one(script, capsys):
     expected = {
         "train_accelerate": ["sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10) --ema_snapshot_steps",
                              "[default 5000]"],
-        "sample": ["images to generate (indices 0 .. N-1) [default 10000]", "[default ddpm]", "[default 0]"],
-        "evaluate_fid": ["[default clean]", "images per feature-network batch [default 128]",
-                         "[default: cifar10-train when no other reference is given]"],
+        "sample": ["images to generate (indices 0 .. N-1) [default 10000; --like_run: the run's eval_num_images]",
+                   "[default ddpm]", "[default: the accelerate config's choice; --like_run: the run's mixed_precision]"],
+        "evaluate_fid": ["[default clean; --like_run: the run's eval_mode]", "images per feature-network batch "
+                         "[default 250]", "[default: all; --like_run: the run's eval_ref_num_images]"],
         "reconstruct_ema": ["[default: the last snapshot]", "[default: run_dir/phema-<sigma>]"],
     }[script]
     for part in expected:
@@ -176,3 +177,16 @@ def test_a_presets_precision_over_the_accelerate_configs_is_said_at_the_start(tm
     out = capsys.readouterr()
     assert out.out.startswith("mixed_precision bf16 (from preset cpu-tiny16) overrides the accelerate config's no")
     assert "does not exist" in out.err
+
+
+def test_like_run_fills_only_the_flags_not_given():
+    import argparse
+
+    from adaptive.config import fill_like_run
+
+    table = {"num_images": (10_000, "eval_num_images"), "seed_offset": (0, "eval_seed_offset")}
+    run = TrainConfig(**PRESETS["cpu-tiny16"])
+    args = fill_like_run(argparse.Namespace(num_images=None, seed_offset=5, other=1), table, run)
+    assert (args.num_images, args.seed_offset, args.other) == (1000, 5, 1)  # the run's eval_num_images; the flag given
+    args = fill_like_run(argparse.Namespace(num_images=None, seed_offset=None), table, None)
+    assert (args.num_images, args.seed_offset) == (10_000, 0)  # no run: the defaults
