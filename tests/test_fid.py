@@ -187,6 +187,12 @@ def test_in_training_evaluation_and_evaluate_fid_give_the_same_fd_for_the_same_i
     m = json.loads(out.read_text())
     assert m["proxy_fd"] == pytest.approx(in_training, rel=1e-6) and in_training > 0
     assert m["reference_resized_from"] == [32, 32]  # the 32 px training images, resized to the samples' 16 px
+    import inspect
+
+    from evaluate_fid import FEATURE_BATCH
+    from adaptive.fid import FeatureNet
+
+    assert FEATURE_BATCH == inspect.signature(FeatureNet).parameters["batch_size"].default  # the evaluator's batches
 
 
 @pytest.mark.slow
