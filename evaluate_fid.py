@@ -5,13 +5,16 @@ precision/recall against a reference -> metrics.json and a one-line summary.
     python evaluate_fid.py --samples samples/x                       # FID vs clean-fid's CIFAR-10 train statistics
     python evaluate_fid.py --samples samples/x --feature_extractor cifar10-proxy-features.pt --ref_dir train.zip
     python evaluate_fid.py --make_ref --ref_dir train.zip --feature_extractor cifar10-proxy-features.pt
+    python evaluate_fid.py --samples samples/x-2000 --like_run runs/x   # as runs/x's in-training evaluation scored
 
 --samples is a sample.py output_dir (its images/ are read), any folder of images (searched recursively) or an .npz
 (arr_0: uint8 [N, H, W, 3]); its first --num_images images (sorted by name) are scored. Features and reference
 statistics come from adaptive/fid.py, the same code as the in-training evaluation: Inception gets clean-fid's resize
 of the mode, a TorchScript network the images at their own size (its contract). A reference larger than the samples
 is resized to their size as the training data pipeline does. A Frechet distance in any feature space other than
-Inception's is written as proxy_fd, never as FID.
+Inception's is written as proxy_fd, never as FID. --like_run RUN scores as RUN's in-training evaluation did: its
+image count, feature network, mode and reference (the same decision and subset, adaptive/evaluation.py), so that
+samples made with `sample.py --like_run RUN` give the logged number exactly (docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -24,38 +27,65 @@ from typing import Optional
 
 import numpy as np
 
-from adaptive.config import ConfigError, OneLineParser
+from adaptive.config import ConfigError, OneLineParser, fill_like_run, like_run_help, load_run_config
 from adaptive.faults import run_cli
 
 CLEAN_FID_REFS = {"cifar10-train": ("cifar10", 32, "train"), "cifar10-test": ("cifar10", 32, "test")}
 PR_SEED = 0  # the equal-size precision/recall subsets
 PR_K = 3  # neighbourhood size of precision/recall (Kynkaanniemi et al. 2019)
+FEATURE_BATCH = 250  # images per feature-network batch: the in-training evaluator's (adaptive.fid.FeatureNet)
+# --like_run RUN scores as RUN's in-training evaluation did: the flags not given take these fields of its config (and
+# without --ref/--ref_dir/--ref_dataset/--ref_stats, its reference). flag: (default without --like_run, the field)
+LIKE_RUN = {
+    "num_images": (10_000, "eval_num_images"),
+    "feature_extractor": ("inception", "eval_feature_extractor"),
+    "mode": ("clean", "eval_mode"),
+    "ref_num_images": (None, "eval_ref_num_images"),
+}
 
 
 def parse_args(argv=None):
     p = OneLineParser(prog="evaluate_fid.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", help="sample.py output_dir, folder of images, or .npz (arr_0 uint8 NHWC)")
-    p.add_argument("--num_images", type=int, default=10_000, help="images to score; fewer in --samples is an error")
-    p.add_argument("--feature_extractor", default="inception",
-                   help="'inception' (clean-fid, FID) or PATH.pt: TorchScript [N,3,H,W] in [0,255] -> [N,D] (proxy FD)")
-    p.add_argument("--mode", choices=("clean", "legacy_tensorflow", "legacy_pytorch"), default="clean",
-                   help="clean-fid's resize mode (legacy_tensorflow matches published TF-FID numbers)")
+    p.add_argument("--like_run", default=None,
+                   help="a training run (or checkpoint) folder: score as its in-training evaluation did - the flags "
+                        "marked --like_run below and, unless one is given, the reference come from the run")
+    p.add_argument("--num_images", type=int, default=None,
+                   help=like_run_help("images to score; fewer in --samples is an error", "num_images", LIKE_RUN))
+    p.add_argument("--feature_extractor", default=None,
+                   help=like_run_help("'inception' (clean-fid, FID) or PATH.pt: TorchScript [N,3,H,W] in [0,255] -> "
+                                      "[N,D] (proxy FD)", "feature_extractor", LIKE_RUN))
+    p.add_argument("--mode", choices=("clean", "legacy_tensorflow", "legacy_pytorch"), default=None,
+                   help=like_run_help("clean-fid's resize mode (legacy_tensorflow matches published TF-FID numbers)",
+                                      "mode", LIKE_RUN))
     p.add_argument("--ref", choices=sorted(CLEAN_FID_REFS), default=None,
-                   help="clean-fid's precomputed Inception statistics (default cifar10-train when no other reference)")
+                   help="clean-fid's precomputed Inception statistics [default: cifar10-train when no other "
+                        "reference is given]")
     p.add_argument("--ref_dir", help="reference images: a folder, a .zip or an .npz; statistics cached per content")
     p.add_argument("--ref_dataset", help="reference images from a dataset: 'cifar10' (torchvision) or a Hub id")
     p.add_argument("--ref_num_images", type=int, default=None,
-                   help="a fixed random subset (seed 0) of this many reference images; default: all")
+                   help="a fixed random subset (seed 0) of this many reference images [default: all; --like_run: the "
+                        "run's eval_ref_num_images]")
     p.add_argument("--ref_stats", help="reference .npz (mu, sigma, optional feats); with --make_ref: where to write it")
     p.add_argument("--make_ref", action="store_true",
                    help="only build (and cache) the statistics of --ref_dir/--ref_dataset, print the path and exit")
     p.add_argument("--resolution", type=int, default=None,
-                   help="with --make_ref: build the statistics at this size (default: the images' own size)")
-    p.add_argument("--output", help="metrics file; default: metrics.json next to the samples")
-    p.add_argument("--cache_dir", help="cache root; default ~/.cache/adaptive-diffusion (reference_stats/ inside)")
-    p.add_argument("--batch_size", type=int, default=128, help="images per feature-network batch")
-    p.add_argument("--device", default=None, help="feature-network device; default cuda when available, else cpu")
+                   help="with --make_ref: build the statistics at this size [default: the images' own size]")
+    p.add_argument("--output", help="metrics file [default: metrics.json next to the samples]")
+    p.add_argument("--cache_dir", help="cache root, reference_stats/ inside [default: ~/.cache/adaptive-diffusion]")
+    p.add_argument("--batch_size", type=int, default=FEATURE_BATCH, help="images per feature-network batch")
+    p.add_argument("--device", default=None, help="feature-network device [default: cuda when available, else cpu]")
     return p.parse_args(argv)
+
+
+def resolve_args(args):
+    """The flags not given from --like_run's config (`run`: the config, None without --like_run), else defaults."""
+    run = load_run_config(args.like_run) if args.like_run else None
+    return fill_like_run(args, LIKE_RUN, run), run
+
+
+def given_reference(args) -> bool:
+    return bool(args.ref or args.ref_dir or args.ref_dataset or args.ref_stats)
 
 
 def check_args(args) -> None:
@@ -66,12 +96,14 @@ def check_args(args) -> None:
     if args.make_ref:
         if not source:
             raise ConfigError("--make_ref needs --ref_dir (folder/.zip/.npz) or --ref_dataset")
+        if args.like_run:
+            raise ConfigError("--make_ref builds the reference of --ref_dir/--ref_dataset; --like_run scores samples")
         return
     if not args.samples:
         raise ConfigError("--samples is required (a sample.py output_dir, a folder of images or an .npz)")
     if sum(bool(x) for x in (args.ref, source, args.ref_stats)) > 1:
         raise ConfigError("give one reference: --ref, --ref_dir/--ref_dataset or --ref_stats")
-    if args.feature_extractor != "inception" and not (source or args.ref_stats):
+    if args.feature_extractor != "inception" and not (source or args.ref_stats or (args.like_run and not args.ref)):
         raise ConfigError(f"--ref {args.ref or 'cifar10-train'} holds Inception statistics; with --feature_extractor "
                           f"{args.feature_extractor} give --ref_dir, --ref_dataset or --ref_stats (see --make_ref)")
     for name in ("num_images", "batch_size"):
@@ -144,11 +176,29 @@ def build_reference(args, featnet, resolution: Optional[int], log=print) -> dict
     return stats
 
 
-def load_reference(args, featnet, size: tuple[int, int]) -> dict:
-    """{'mu', 'sigma', ['feats'], 'name', ...} of the chosen reference at the samples' size."""
+def run_reference(args, run, featnet, size: tuple[int, int]) -> dict:
+    """The reference of --like_run's in-training evaluation (adaptive.evaluation.training_reference: the same
+    decision, images and subset), with --mode and --ref_num_images as resolved."""
+    from adaptive.config import replace
+    from adaptive.evaluation import training_reference
+    from adaptive.image_files import fmt_size
+
+    if tuple(size) != (run.resolution, run.resolution):
+        raise ConfigError(f"the samples are {fmt_size(size)} px but --like_run {args.like_run} trained at "
+                          f"{run.resolution}x{run.resolution} px")
+    cfg = replace(run, eval_mode=args.mode, eval_ref_num_images=args.ref_num_images,
+                  cache_dir=args.cache_dir or run.cache_dir)
+    return training_reference(cfg, featnet, None, print)
+
+
+def load_reference(args, featnet, size: tuple[int, int], run=None) -> dict:
+    """{'mu', 'sigma', ['feats'], 'name', ...} of the chosen reference at the samples' size (`run`: --like_run's
+    config, whose reference is used when no other is given)."""
     from adaptive.fid import INCEPTION, clean_fid_reference, load_reference_stats
     from adaptive.image_files import fmt_size
 
+    if run is not None and not given_reference(args):
+        return run_reference(args, run, featnet, size)
     if args.ref_stats:
         return load_reference_stats(args.ref_stats, featnet, size)
     if args.ref_dir or args.ref_dataset:
@@ -224,14 +274,28 @@ def default_output(samples: str) -> Path:
     return (p.parent if p.suffix == ".npz" else p) / "metrics.json"
 
 
-def evaluate(args) -> dict:
+def warn_unlike_run(samples, run, log) -> None:
+    """--like_run: say when sample.py's record shows the samples were not made as the run's evaluation made its own."""
+    expected = {"scheduler": "ddpm", "seed_offset": run.eval_seed_offset,
+                "num_inference_steps": run.eval_inference_steps, "mixed_precision": run.mixed_precision}
+    made = samples.sampling
+    diff = [f"{k} {made[k]} (the run's: {v})" for k, v in expected.items() if k in made and made[k] != v]
+    if diff:
+        log(f"warning: --samples were not made as --like_run's evaluation sampled ({', '.join(diff)}), so the score "
+            "is not comparable with the logged one; make them with sample.py --like_run")
+
+
+def evaluate(args, run=None) -> dict:
+    """Score --samples (`run`: --like_run's config or None) -> metrics.json and the summary line."""
     from adaptive.fid import warn_if_few
     from adaptive.image_files import open_images
 
     t0 = time.perf_counter()
     samples = open_images(args.samples, "--samples", args.num_images)
+    if run is not None:
+        warn_unlike_run(samples, run, lambda m: print(m, file=sys.stderr))
     featnet = load_featnet(args)
-    ref = load_reference(args, featnet, samples.size)
+    ref = load_reference(args, featnet, samples.size, run)
     feats = features(samples, featnet)
     warn_if_few(len(feats), feats.shape[1], "--samples", lambda m: print(m, file=sys.stderr))
     metrics = score(feats, ref, featnet.metric)
@@ -240,7 +304,8 @@ def evaluate(args) -> dict:
                    reference_resized_from=ref.get("resized_from"),
                    sampler=samples.sampling.get("sampler"),
                    num_inference_steps=samples.sampling.get("num_inference_steps"),
-                   samples=str(Path(args.samples).expanduser()), seconds=round(time.perf_counter() - t0, 1))
+                   samples=str(Path(args.samples).expanduser()), like_run=args.like_run,
+                   seconds=round(time.perf_counter() - t0, 1))
     out = Path(args.output).expanduser() if args.output else default_output(args.samples)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(metrics, indent=2) + "\n")
@@ -253,10 +318,11 @@ def main(argv=None) -> int:
 
 
 def _evaluate_or_make_ref(args) -> int:
+    args, run = resolve_args(args)
     check_args(args)
     if args.make_ref:
         return make_ref(args)
-    evaluate(args)
+    evaluate(args, run)
     return 0
 
 

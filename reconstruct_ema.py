@@ -3,7 +3,8 @@
 
     python reconstruct_ema.py --run_dir runs/x --sigma_rel 0.08 --output_dir runs/x/phema-0.080
 
-The run must have been trained with --ema_snapshots (e.g. 0.05 0.10). The result is a DDPMPipeline folder.
+The run must have been trained with --ema_snapshots (e.g. 0.05 0.10). The result is a DDPMPipeline folder with a
+model card (README.md: sigma_rel, the snapshots used) and phema.json (the coefficients).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ def parse_args(argv=None):
     p = OneLineParser(prog="reconstruct_ema.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--run_dir", required=True, help="training output_dir with config.json and ema_snapshots/")
     p.add_argument("--sigma_rel", type=float, nargs="+", required=True, help="EMA length(s) to reconstruct (relative std)")
-    p.add_argument("--at_step", type=int, default=None, help="optimizer step to reconstruct at (default: last snapshot)")
-    p.add_argument("--output_dir", default=None, help="where to write the pipeline (default: run_dir/phema-<sigma>)")
+    p.add_argument("--at_step", type=int, default=None,
+                   help="optimizer step to reconstruct at [default: the last snapshot]")
+    p.add_argument("--output_dir", default=None, help="where to write the pipeline [default: run_dir/phema-<sigma>]")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a pipeline already in the output folder (e.g. the run's own export in run_dir)")
     return p.parse_args(argv)
@@ -30,7 +32,9 @@ def parse_args(argv=None):
 def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path) -> dict:
     from diffusers import DDPMPipeline
 
+    from adaptive.checkpoint import Progress
     from adaptive.model import build_noise_scheduler, build_unet
+    from adaptive.model_card import write_model_card
     from adaptive.phema import list_snapshots, reconstruct
 
     if not 0 < sigma_rel < 0.289:
@@ -48,7 +52,21 @@ def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path) -> dict:
     info = {"sigma_rel": sigma_rel, "at_step": at_step or max(s["step"] for s in snaps), "num_snapshots": len(coef),
             "coefficients": [float(c) for c in coef]}
     (output_dir / "phema.json").write_text(json.dumps(info, indent=2))
+    run = run_info(run_dir)
+    used = [s for s in snaps if s["step"] <= info["at_step"]]  # those phema.reconstruct combines
+    progress = Progress(step=info["at_step"], images_seen=info["at_step"] * run.get("global_batch", 0),
+                        train_seconds=None)  # the run's clock at that step is not recorded
+    write_model_card(output_dir, cfg, progress, run, posthoc={"sigma_rel": sigma_rel, "at_step": info["at_step"],
+                                                              "snapshots": used})
     return info
+
+
+def run_info(run_dir: Path) -> dict:
+    """The run's run_info.json (world size, device, parameters, precision) for the model card; {} if unreadable."""
+    try:
+        return json.loads((run_dir / "run_info.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def main(argv=None) -> int:

@@ -3,11 +3,13 @@
 
     accelerate launch sample.py --model_path runs/x --num_images 10000 --output_dir samples/x
     accelerate launch sample.py --model_path runs/x --num_inference_steps 100 --output_dir samples/x-100 --npz
+    python sample.py --model_path runs/x/checkpoint-2000 --like_run runs/x --output_dir samples/x-2000
 
 Image i comes from torch.Generator seed `--seed_offset + i` (initial noise and every step's noise), so the images do
 not depend on --batch_size or on the number of processes. Output: output_dir/images/000000.png ... (one PNG per
 image, what clean-fid reads), grid.png (the first 64), optional samples.npz (arr_0: uint8 [N, H, W, 3]) and
-sampling.json. Rerunning the same command generates only the missing images.
+sampling.json. Rerunning the same command generates only the missing images. --like_run RUN takes the image count,
+seeds, steps, batch size, precision and attention kernel of RUN's in-training evaluation (docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -19,12 +21,22 @@ import sys
 import time
 from pathlib import Path
 
-from adaptive.config import ConfigError, OneLineParser
+from adaptive.config import CHOICES, ConfigError, OneLineParser, fill_like_run, like_run_help, load_run_config
 from adaptive.faults import run_cli
 from adaptive.attention import configure_attention
 
 GRID_IMAGES = 64
 IDENTITY_KEYS = ("model_path", "weights", "scheduler", "num_inference_steps", "seed_offset")  # a resumed run shares these
+# --like_run RUN samples as RUN's in-training evaluation did (always DDPM ancestral, the default --scheduler): the flags
+# not given take these fields of its config. flag: (default without --like_run, the run config's field)
+LIKE_RUN = {
+    "num_images": (10_000, "eval_num_images"),
+    "seed_offset": (0, "eval_seed_offset"),
+    "num_inference_steps": (1000, "eval_inference_steps"),
+    "batch_size": (256, "eval_batch_size"),
+    "mixed_precision": (None, "mixed_precision"),
+    "attention_impl": ("auto", "attention_impl"),
+}
 
 
 def parse_args(argv=None):
@@ -35,19 +47,35 @@ def parse_args(argv=None):
     p.add_argument("--weights", choices=("ema", "raw"), default="ema",
                    help="ema: the EMA U-Net (what the run exports); raw: the training weights of a checkpoint")
     p.add_argument("--output_dir", required=True, help="where images/, grid.png, samples.npz, sampling.json go")
-    p.add_argument("--num_images", type=int, default=10_000, help="images to generate (indices 0 .. N-1)")
-    p.add_argument("--seed_offset", type=int, default=0, help="image i is generated from seed seed_offset + i")
-    p.add_argument("--num_inference_steps", type=int, default=1000,
-                   help="sampling steps; fewer than the model's T gives respaced DDPM ancestral sampling")
+    p.add_argument("--like_run", default=None,
+                   help="a training run (or checkpoint) folder: sample as its in-training evaluation did - the flags "
+                        "marked --like_run below take the run's values unless given")
+    p.add_argument("--num_images", type=int, default=None,
+                   help=like_run_help("images to generate (indices 0 .. N-1)", "num_images", LIKE_RUN))
+    p.add_argument("--seed_offset", type=int, default=None,
+                   help=like_run_help("image i is generated from seed seed_offset + i", "seed_offset", LIKE_RUN))
+    p.add_argument("--num_inference_steps", type=int, default=None,
+                   help=like_run_help("sampling steps; fewer than the model's T gives respaced DDPM ancestral sampling",
+                                      "num_inference_steps", LIKE_RUN))
     p.add_argument("--scheduler", choices=("ddpm", "ddim"), default="ddpm",
                    help="ddpm (ancestral, the protocol) or ddim (deterministic, eta 0; not the DDPM protocol)")
-    p.add_argument("--batch_size", type=int, default=256, help="images per device per batch")
+    p.add_argument("--batch_size", type=int, default=None,
+                   help=like_run_help("images per device per batch", "batch_size", LIKE_RUN))
     p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default=None,
-                   help="autocast of the U-Net; default: the accelerate config's choice")
+                   help="autocast of the U-Net [default: the accelerate config's choice; --like_run: the run's "
+                        "mixed_precision]")
+    p.add_argument("--attention_impl", choices=CHOICES["attention_impl"], default=None,
+                   help=like_run_help("attention kernel (adaptive/attention.py; auto = the fastest for the device)",
+                                      "attention_impl", LIKE_RUN))
     p.add_argument("--compile", action="store_true", help="torch.compile the U-Net (compiles once per batch shape)")
     p.add_argument("--npz", action="store_true", help="also write samples.npz (arr_0: uint8 [N, H, W, 3], index order)")
     p.add_argument("--overwrite", action="store_true", help="replace samples made with other settings in output_dir")
     return p.parse_args(argv)
+
+
+def resolve_args(args):
+    """The flags not given from --like_run's config, else their defaults."""
+    return fill_like_run(args, LIKE_RUN, load_run_config(args.like_run) if args.like_run else None)
 
 
 def check_args(args) -> None:
@@ -192,6 +220,7 @@ def main(argv=None) -> int:
 
 
 def _check_and_run(args) -> int:
+    args = resolve_args(args)
     check_args(args)
     run(args)
     return 0
@@ -222,7 +251,7 @@ def run(args) -> dict:
 
     # Generate this rank's share.
     unet = pipe.unet.to(accelerator.device).eval().requires_grad_(False)
-    configure_attention(unet, "auto", accelerator.device.type)  # the kernel per device and length (docs/performance.md)
+    configure_attention(unet, args.attention_impl, accelerator.device.type)  # the kernel (docs/performance.md)
     if accelerator.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     if args.compile:

@@ -15,12 +15,12 @@ trained and saved locally, but the final --push_to_hub upload did not reach the 
 
 from __future__ import annotations
 
-import sys
-
 import json
+import os
+import sys
 from pathlib import Path
 
-from adaptive.config import ConfigError, OneLineParser, add_config_arguments, resolve_config
+from adaptive.config import ConfigError, OneLineParser, add_config_arguments, precision_override, resolve_config
 from adaptive.control import StopControl
 from adaptive.faults import lost_peer, run_cli
 
@@ -67,12 +67,18 @@ def main(argv=None) -> int:
 
 def _train(argv, control: StopControl) -> int:
     args = parse_args(argv)
-    cfg = resolve_config(args, saved=saved_config(args))
+    saved = saved_config(args)
+    cfg = resolve_config(args, saved=saved)
     if args.print_config:
         print(cfg.to_json())
         return 0
     from adaptive.hub import EXIT_UPLOAD_FAILED
     from adaptive.loop import train
+    from adaptive.session import main_process_logger
+
+    note = precision_override(cfg, args.mixed_precision, saved, os.environ.get("ACCELERATE_MIXED_PRECISION"))
+    if note:
+        main_process_logger()(note)
 
     summary = train(cfg, control)
     return EXIT_UPLOAD_FAILED if summary.get("hub") == "not uploaded" else 0  # trained and saved; not on the Hub

@@ -140,8 +140,13 @@ def build_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
                              betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon, foreach=True)
 
 
-def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
-    return cfg.max_train_steps if cfg.max_train_steps is not None else cfg.num_epochs * steps_per_epoch
+def planned_steps(cfg: TrainConfig, num_images: int, layout: Layout) -> int:
+    """Optimizer steps of the run: --max_train_steps, or --num_epochs over the (first --max_train_samples) images.
+    Needs only the image count, so a finished run is recognised before its data is decoded."""
+    if cfg.max_train_steps is not None:
+        return cfg.max_train_steps
+    n = num_images if cfg.max_train_samples is None else min(num_images, cfg.max_train_samples)
+    return cfg.num_epochs * -(-n // layout.global_batch)
 
 
 def prepare_output_dir(accelerator, cfg: TrainConfig, log):
@@ -200,7 +205,7 @@ def setup(cfg: TrainConfig, log, entries=None, main_error: Optional[str] = None)
         ema = EMA(unet, cfg.ema_max_decay, cfg.ema_min_decay, cfg.ema_warmup, cfg.ema_inv_gamma, cfg.ema_power)
         ema.model.to(device)
     optimizer = build_optimizer(cfg, unet.parameters())
-    max_steps = total_steps(cfg, data.steps_per_epoch)
+    max_steps = planned_steps(cfg, data.num_images, layout)
     lr_scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.lr_warmup_steps,
                                  num_training_steps=max_steps)
     phema = PowerEMAs(unet, cfg.ema_snapshots).to(device) if cfg.ema_snapshots else None

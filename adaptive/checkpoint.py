@@ -258,6 +258,14 @@ def incompatible_keys(saved: dict, current: dict) -> list[str]:
     return [k for k in MODEL_KEYS if norm(saved.get(k)) != norm(current.get(k))]
 
 
+def describe_changes(saved: dict, current: dict, keys) -> str:
+    """'key: old -> new' for each key, '; '-separated; values as the flags take them (32,64,64; none)."""
+    def fmt(v):
+        return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else "none" if v is None else str(v)
+
+    return "; ".join(f"{k}: {fmt(saved.get(k))} -> {fmt(current.get(k))}" for k in keys)
+
+
 def changed_keys(saved: dict, current: dict, ignore=("resume_from_checkpoint", "overwrite_output_dir")) -> list[str]:
     keys = set(saved) | set(current)
     return sorted(k for k in keys if k not in ignore and saved.get(k) != current.get(k))
@@ -331,6 +339,13 @@ def load_checkpoint(accelerator, folder: Path) -> None:
         raise
     except Exception as e:
         raise ConfigError(f"cannot resume from {folder}: {type(e).__name__}: {_one_line(e)}") from None
+
+
+def read_progress(folder: Path) -> Progress:
+    """The progress saved in a checkpoint (its training_state.pt), read without building the run."""
+    progress = Progress()
+    progress.load_state_dict(load_object_state(Path(folder) / STATE_FILE)["progress"])
+    return progress
 
 
 def save_object_state(path: Path, state: dict) -> None:

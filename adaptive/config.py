@@ -18,6 +18,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 # Values that are never written to disk (config.json, trackers, checkpoints, model cards).
 SECRET_FIELDS = ("hub_token",)
@@ -292,6 +293,7 @@ class OneLineParser(argparse.ArgumentParser):
     no abbreviations (`--hub_t` is not `--hub_token`), so a flag is always recognisable by its name."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):  # noqa: D401
@@ -324,15 +326,28 @@ def _optional(conv):
 
 
 def _fmt_default(v) -> str:
-    return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
 
 
 def help_text(name: str, comment: str, cls=TrainConfig) -> str:
-    """The field's comment, its default and the presets that set it otherwise."""
+    """The field's comment, its default (none shown for an empty list) and the presets that set it otherwise."""
     default = cls.__dataclass_fields__[name].default
     by_preset = {p: v[name] for p, v in PRESETS.items() if name in v and v[name] != default}
-    presets = "".join(f"; {p}: {_fmt_default(v)}" for p, v in by_preset.items())
-    return f"{comment} [default {_fmt_default(default)}{presets}]".replace("%", "%%")
+    shown = ([] if default == () else [f"default {_fmt_default(default)}"])
+    shown += [f"{p}: {_fmt_default(v)}" for p, v in by_preset.items()]
+    return (f"{comment} [{'; '.join(shown)}]" if shown else comment).replace("%", "%%")
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help shows each flag's default as `[default X]`, unless its help says it already or there is none to show
+    (None, False, an empty list)."""
+
+    def _get_help_string(self, action):
+        text, default = action.help or "", action.default
+        if ("[default" in text or not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or (isinstance(default, (list, tuple)) and not default)):
+            return text
+        return f"{text} [default {_fmt_default(default).replace('%', '%%')}]"
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls=TrainConfig) -> None:
@@ -490,3 +505,44 @@ def _check_model_and_method(cfg: TrainConfig) -> None:
 
 def replace(cfg: TrainConfig, **changes) -> TrainConfig:
     return dataclasses.replace(cfg, **changes)
+
+
+# Re-scoring a run as it was scored (`sample.py` / `evaluate_fid.py --like_run RUN`): a CLI's table maps its flags to
+# (default, the run config's field); a flag not given takes the run's value, else its default.
+
+
+def load_run_config(run_dir: str) -> TrainConfig:
+    """The saved config of a training run (or checkpoint) folder; a one-line ConfigError when it has none."""
+    path = Path(run_dir).expanduser() / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--like_run {run_dir} has no config.json (not a training run or checkpoint folder)")
+    try:
+        return TrainConfig.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the run config {path} ({type(e).__name__}: {e})") from None
+
+
+def like_run_help(text: str, flag: str, table: dict) -> str:
+    """`text [default X; --like_run: the run's FIELD]` for a flag of `table`."""
+    default, field = table[flag]
+    return f"{text} [default {_fmt_default(default)}; --like_run: the run's {field}]".replace("%", "%%")
+
+
+def fill_like_run(args: argparse.Namespace, table: dict, run: typing.Optional[TrainConfig]) -> argparse.Namespace:
+    """`args` with every flag of `table` that was not given (None) set to the run's field, or without a run to its
+    default."""
+    values = {flag: getattr(run, field) if run is not None else default for flag, (default, field) in table.items()
+              if getattr(args, flag) is None}
+    return argparse.Namespace(**{**vars(args), **values})
+
+
+def precision_override(cfg: TrainConfig, given: typing.Optional[str], saved: dict,
+                       launcher: typing.Optional[str]) -> typing.Optional[str]:
+    """The start-up line when the config's mixed_precision - from the preset or the resumed run, not a flag (`given`) -
+    overrides the accelerate config's (`launcher`: $ACCELERATE_MIXED_PRECISION, which accelerate launch sets); None
+    when it does not."""
+    if given is not None or cfg.mixed_precision is None or launcher in (None, cfg.mixed_precision):
+        return None
+    source = "the run's saved config" if saved.get("mixed_precision") is not None else f"preset {cfg.preset}"
+    return (f"mixed_precision {cfg.mixed_precision} (from {source}) overrides the accelerate config's {launcher}; "
+            f"pass --mixed_precision {launcher} to use that")

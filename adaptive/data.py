@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import socket
+import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -190,8 +191,8 @@ def _cifar10_entries(cfg: TrainConfig) -> ImageEntries:
         except Exception as e:
             raise ConfigError(
                 f"CIFAR-10 is not in {root} and could not be downloaded ({type(e).__name__}); offline, pass "
-                "--train_data_dir with a folder or .zip of the images (e.g. shared/datasets/cifar10-jpeg/train.zip) "
-                f"or put torchvision's cifar-10-batches-py folder in {root}"
+                "--train_data_dir with a folder or .zip of the images, or put torchvision's cifar-10-batches-py "
+                f"folder in {root}"
             ) from None
         finally:
             socket.setdefaulttimeout(old)
@@ -256,16 +257,28 @@ def decode_image(entries: ImageEntries, i: int, size: Optional[int], resolution:
     return resize_uint8(x[None], size)[0]
 
 
-def decode_all(entries: ImageEntries, resolution: int, limit: Optional[int] = None, threads: int = 0) -> torch.Tensor:
-    """Decode every image once into uint8 [N, 3, s, s] on the CPU (s from `storage_size` of the first image)."""
+PROGRESS_DELAY_S = 1.0  # a decode that takes longer shows its progress bar
+
+
+def decode_all(entries: ImageEntries, resolution: int, limit: Optional[int] = None, threads: int = 0,
+               label: Optional[str] = None) -> torch.Tensor:
+    """Decode every image once into uint8 [N, 3, s, s] on the CPU (s from `storage_size` of the first image). With a
+    `label`: a progress bar on a terminal (stderr) once decoding has taken PROGRESS_DELAY_S, removed when done."""
+    from tqdm.auto import tqdm
+
     n = len(entries) if limit is None else min(limit, len(entries))
     if n == 0:
         raise ConfigError(f"no images in {entries.description}")
     first = decode_image(entries, 0, None, resolution)
     size = first.shape[-1]
     threads = threads or min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(threads) as pool:
-        rest = list(pool.map(lambda i: decode_image(entries, i, size, resolution), range(1, n), chunksize=256))
+    bar = tqdm(total=n, initial=1, desc=label, unit="img", delay=PROGRESS_DELAY_S, leave=False, dynamic_ncols=True,
+               disable=None if label else True)  # None: shown on a terminal only
+    with ThreadPoolExecutor(threads) as pool, bar:
+        rest = []
+        for image in pool.map(lambda i: decode_image(entries, i, size, resolution), range(1, n)):
+            rest.append(image)
+            bar.update()
     return torch.stack([first, *rest])
 
 
@@ -354,10 +367,6 @@ class TrainData:
     def streaming(self) -> bool:
         return self.images is None
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return -(-self.num_images // self.layout.global_batch)
-
     def indices(self, step: int, micro: int, rank: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
         rank = self.rank if rank is None else rank
         idx, flip = self.schedule.lookup(self.layout.offset(step, micro, rank), self.layout.batch_size)
@@ -435,8 +444,11 @@ def load_train_data(cfg: TrainConfig, layout: Layout, rank: int, device: torch.d
         log(f"data: {n} images from {entries.description} ({resident_bytes / 2**30:.1f} GiB > --max_resident_gb "
             f"{cfg.max_resident_gb}): streaming with {cfg.dataloader_num_workers} workers")
         return TrainData(cfg, layout, rank, device, entries=entries)
-    images = decode_all(entries, cfg.resolution, limit=n)
+    t0 = time.perf_counter()
+    label = f"data: decoding {entries.description}" if rank == 0 else None
+    images = decode_all(entries, cfg.resolution, limit=n, label=label)
     data_device = device if cfg.data_device == "auto" else torch.device("cpu")
     images = images.to(data_device)
-    log(f"data: {n} images from {entries.description}, uint8 {tuple(images.shape[1:])} resident on {data_device}")
+    log(f"data: {n} images from {entries.description}, uint8 {tuple(images.shape[1:])} resident on {data_device} "
+        f"(decoded in {time.perf_counter() - t0:.1f} s)")
     return TrainData(cfg, layout, rank, device, images=images)

@@ -16,21 +16,23 @@ import torch
 from .config import TrainConfig, replace
 from .data import decode_all, default_cache_dir, open_entries
 from .fid import (INCEPTION, FeatureNet, clean_fid_reference, feature_stats, frechet_distance, load_reference_stats,
-                  reference_stats, reference_subset)
+                  reference_stats, reference_subset, warn_if_few)
 from .image_sampler import ddpm_sample, shard
 
 
 def training_reference(cfg: TrainConfig, featnet: FeatureNet, train_images: Optional[torch.Tensor], log=print) -> dict:
-    """{'mu', 'sigma'[, 'feats']} of the configured reference at the training resolution."""
+    """{'mu', 'sigma'[, 'feats'], 'name'} of the configured reference at the training resolution; `train_images`: the
+    decoded training data if at hand (else the training data is decoded here, as many images as training uses)."""
     if cfg.eval_ref_stats:
         return load_reference_stats(cfg.eval_ref_stats, featnet, (cfg.resolution, cfg.resolution))
     if featnet.spec == INCEPTION and not cfg.eval_ref_dir and (cfg.dataset_name or "").lower() in ("cifar10", "cifar-10") \
             and not cfg.train_data_dir and cfg.resolution == 32:
         mu, sigma = clean_fid_reference("cifar10", 32, cfg.eval_mode, "train")
-        return {"mu": mu, "sigma": sigma}
+        return {"mu": mu, "sigma": sigma, "name": "cifar10-train (clean-fid)"}
     if cfg.eval_ref_dir or train_images is None:
         entries = open_entries(replace(cfg, train_data_dir=cfg.eval_ref_dir or cfg.train_data_dir))
-        images, source = decode_all(entries, cfg.resolution), entries.description
+        limit = None if cfg.eval_ref_dir else cfg.max_train_samples
+        images, source = decode_all(entries, cfg.resolution, limit=limit), entries.description
     else:
         images, source = train_images, "the training data"
     ref = reference_subset(images, cfg.eval_ref_num_images, cfg.resolution)
@@ -45,6 +47,8 @@ class InTrainingEvaluator:
         self.featnet = FeatureNet(cfg.eval_feature_extractor, accelerator.device, cfg.eval_mode)
         with accelerator.main_process_first():
             self.ref = training_reference(cfg, self.featnet, train_images, log)
+        if accelerator.is_main_process:  # as evaluate_fid.py warns about its --samples
+            warn_if_few(cfg.eval_num_images, self.ref["mu"].shape[0], "the evaluation (--eval_num_images)", log)
         self.points = set(cfg.eval_at_steps or ())
 
     def due(self, step: int) -> bool:

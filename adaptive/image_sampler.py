@@ -28,40 +28,6 @@ def make_scheduler(config, kind: str = "ddpm"):
     return cls.from_config(config)
 
 
-@torch.no_grad()
-def ddpm_step(sched, model_output: torch.Tensor, t: torch.Tensor, prev_t: int, sample: torch.Tensor,
-              noise: Optional[torch.Tensor]) -> torch.Tensor:
-    """x_{t-1} from x_t: DDPM ancestral step (Ho et al. 2020, eq. 7 and Algorithm 2) on a respaced schedule.
-
-    The same arithmetic, in the same order, as DDPMScheduler.step for variance_type 'fixed_small' (bit-identical
-    results), but the noise is passed in, so no per-step host-to-device copy of CPU-generated noise is needed. Kept
-    instead of DDPMScheduler.step: identical images, 2-3% less CPU time per sampling run (docs/benchmarks/library/).
-    """
-    acp = sched.alphas_cumprod
-    alpha_prod_t = acp[t]
-    alpha_prod_t_prev = acp[prev_t] if prev_t >= 0 else sched.one
-    beta_prod_t = 1 - alpha_prod_t
-    beta_prod_t_prev = 1 - alpha_prod_t_prev
-    current_alpha_t = alpha_prod_t / alpha_prod_t_prev
-    current_beta_t = 1 - current_alpha_t
-    kind = sched.config.prediction_type
-    if kind == "epsilon":
-        x0 = (sample - beta_prod_t ** (0.5) * model_output) / alpha_prod_t ** (0.5)
-    elif kind == "sample":
-        x0 = model_output
-    else:  # v_prediction
-        x0 = (alpha_prod_t**0.5) * sample - (beta_prod_t**0.5) * model_output
-    if sched.config.clip_sample:
-        x0 = x0.clamp(-sched.config.clip_sample_range, sched.config.clip_sample_range)
-    x0_coeff = (alpha_prod_t_prev ** (0.5) * current_beta_t) / beta_prod_t
-    xt_coeff = current_alpha_t ** (0.5) * beta_prod_t_prev / beta_prod_t
-    prev = x0_coeff * x0 + xt_coeff * sample
-    if noise is not None:
-        variance = torch.clamp((1 - alpha_prod_t_prev) / (1 - alpha_prod_t) * current_beta_t, min=1e-20)
-        prev = prev + (variance**0.5) * noise
-    return prev
-
-
 def _noise(gens: list, shape: tuple, device: torch.device) -> torch.Tensor:
     """One standard normal draw per image from its own generator, copied to the device without a host sync."""
     x = torch.stack([torch.randn(shape, generator=g) for g in gens])
@@ -87,8 +53,9 @@ def ddpm_sample(unet: torch.nn.Module, scheduler_config, seeds: Sequence[int], n
                 scheduler_kind: str = "ddpm", on_batch: Optional[Callable[[int], None]] = None) -> torch.Tensor:
     """Images for `seeds` as uint8 [N, H, W, 3] on the CPU; respaced DDPM ancestral sampling when steps < T.
 
-    Image i's initial noise and every step's noise come from torch.Generator('cpu').manual_seed(seeds[i]), drawn in
-    the order DDPMPipeline draws them: the result equals DDPMPipeline(...)(generator=[one generator per image]).
+    Each step is Diffusers' DDPMScheduler.step (DDIMScheduler.step with eta 0 for 'ddim'). Image i's initial noise and
+    every step's noise come from torch.Generator('cpu').manual_seed(seeds[i]), drawn in the order DDPMPipeline draws
+    them: the result equals DDPMPipeline(...)(generator=[one generator per image]).
     """
     device = torch.device(device)
     unet_cfg = getattr(unet, "config", None)
@@ -102,20 +69,14 @@ def ddpm_sample(unet: torch.nn.Module, scheduler_config, seeds: Sequence[int], n
         x = _noise(gens, shape, device)
         sched = make_scheduler(scheduler_config, scheduler_kind)
         sched.set_timesteps(num_inference_steps)
-        own_step = scheduler_kind == "ddpm" and sched.config.variance_type == "fixed_small" and not sched.config.thresholding
-        timesteps = sched.timesteps  # CPU
-        t_device = timesteps.to(device)
-        for i, t in enumerate(timesteps):
+        t_device = sched.timesteps.to(device)
+        step_kwargs = {"generator": gens} if scheduler_kind == "ddpm" else {"eta": 0.0}
+        for i, t in enumerate(sched.timesteps):
             with autocast():
                 model_out = unet(x, t_device[i]).sample
-            if own_step:
-                prev_t = int(timesteps[i + 1]) if i + 1 < len(timesteps) else -1
-                noise = _noise(gens, shape, device) if t > 0 else None
-                x = ddpm_step(sched, model_out.float(), t, prev_t, x, noise)
-            elif scheduler_kind == "ddpm":
-                x = sched.step(model_out.float(), t, x, generator=gens).prev_sample
-            else:
-                x = sched.step(model_out.float(), t, x, eta=0.0).prev_sample
+            # DDPM draws this step's noise from the images' CPU generators; on a GPU its copy to the device is a sync
+            # point, once per denoising step (docs/evaluation.md)
+            x = sched.step(model_out.float(), t, x, **step_kwargs).prev_sample
         out.append(to_uint8(x).cpu())
         if on_batch is not None:
             on_batch(len(chunk))
@@ -147,8 +108,12 @@ def generate_distributed(accelerator, unet, scheduler_config, seeds: Sequence[in
     return imgs[: len(seeds)]
 
 
+GRID_MIN_PX = 256  # sample grids are enlarged (nearest neighbour, an integer factor) to at least this size
+
+
 def save_grid(images: torch.Tensor | np.ndarray, path: str | Path, nrow: Optional[int] = None) -> Path:
-    """uint8 [N, H, W, 3] -> one PNG grid with 2 px gaps."""
+    """uint8 [N, H, W, 3] -> one PNG grid with 2 px gaps, enlarged by an integer factor (nearest neighbour: every
+    pixel becomes a k x k block) until its shorter side is at least GRID_MIN_PX."""
     from PIL import Image
 
     arr = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
@@ -160,6 +125,8 @@ def save_grid(images: torch.Tensor | np.ndarray, path: str | Path, nrow: Optiona
     for i in range(n):
         r, q = divmod(i, nrow)
         grid[pad + r * (h + pad) : pad + r * (h + pad) + h, pad + q * (w + pad) : pad + q * (w + pad) + w] = arr[i]
+    k = max(1, math.ceil(GRID_MIN_PX / min(grid.shape[:2])))
+    grid = grid.repeat(k, axis=0).repeat(k, axis=1)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(path)

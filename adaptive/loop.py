@@ -4,6 +4,7 @@ thing the loop calls by name. Everything the loop works with is built by `adapti
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -12,11 +13,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .build import Run, apply_optimizer_settings, check_buildable, run_fraction, setup
-from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .build import Run, apply_optimizer_settings, check_buildable, planned_steps, run_fraction, setup
+from .checkpoint import list_checkpoints, load_checkpoint, read_progress, save_checkpoint
+from .config import ConfigError, TrainConfig
 from .control import StopControl
-from .data import open_entries
+from .data import Layout, open_entries
 from .faults import Diverged, writing
 from .image_sampler import generate_distributed, save_grid
 from .losses import per_sample_mse, q_sample, training_target
@@ -101,6 +102,15 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
     entries = open_entries(cfg)
     uploader, hub_error = connect_hub(cfg, log)
 
+    # A finished run rerun: nothing to train, decided from its checkpoint before any image is decoded (every rank
+    # reads the same checkpoint, so every rank returns here; no process group has been formed).
+    finished = finished_checkpoint(cfg, resume_from, len(entries))
+    if finished is not None:
+        control.restore_handlers()
+        if hub_error:
+            raise ConfigError(hub_error)
+        return nothing_to_train(cfg, *finished, log, uploader)
+
     # Build everything: accelerator, data, model, EMA, optimizer, LR schedule, timestep sampler; lock the folder.
     run = setup(cfg, log, entries, main_error=hub_error)
     cfg, acc, progress = run.cfg, run.accelerator, run.progress
@@ -109,10 +119,6 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
     if resume_from is not None:
         load_checkpoint(acc, resume_from)
         apply_optimizer_settings(run)  # a changed --learning_rate / --adam_* applies from here on
-        why = finished_run(cfg, progress, run.max_steps)
-        if why:  # every rank loaded the same state, so every rank returns here (no collective is skipped)
-            control.restore_handlers()
-            return nothing_to_train(run, why, log, uploader)
     session = start_session(run, resume_from, log, control, uploader)
     sampling_unet = run.ema.model if run.ema else run.unet  # previews, evaluation and export use the EMA weights
     batches = run.data.batches(progress.step)
@@ -174,6 +180,17 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def finished_checkpoint(cfg: TrainConfig, resume_from: Optional[Path], num_images: int):
+    """(progress, why) when the checkpoint to resume from ends a finished run (`rundir.finished_run`), read from its
+    files before anything is built; else None."""
+    if resume_from is None:
+        return None
+    progress = read_progress(resume_from)
+    layout = Layout(cfg.train_batch_size, int(os.environ.get("WORLD_SIZE", "1")), cfg.gradient_accumulation_steps)
+    why = finished_run(cfg, progress, planned_steps(cfg, num_images, layout))
+    return (progress, why) if why else None
 
 
 def every(step: int, interval: Optional[int]) -> bool:
@@ -238,10 +255,10 @@ def evaluate(run: Run, session: Session, unet) -> None:
         return
     record = {"step": progress.step, "images": progress.images_seen, "train_seconds": round(progress.train_seconds, 3),
               **metrics}
-    session.stats_file.write(record)
-    run.accelerator.log({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=progress.step)
-    session.last_metrics = record
+    session.stats_file.write(record)  # everything, bookkeeping included (images, steps, seconds)
     metric = session.evaluator.featnet.metric
+    run.accelerator.log({f"eval/{metric}": metrics[metric]}, step=progress.step)  # the trackers plot the score only
+    session.last_metrics = record
     session.log(f"eval at step {progress.step}: {metric}={metrics[metric]:.4f} ({metrics['eval_images']} images, "
                 f"{metrics['eval_seconds']}s)")
 

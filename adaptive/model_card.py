@@ -61,49 +61,80 @@ def _row(label: str, value) -> str:
     return f"| {label} | {str(value).replace('|', '/')} |"
 
 
+def fmt_duration(seconds: float) -> str:
+    """'42 s', '12.5 min' or '1.50 h'."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
+
+
+def settings_rows(cfg, progress, info: dict, posthoc: Optional[dict] = None) -> list[str]:
+    """The card's short table of how the model was trained (the full config follows, folded)."""
+    batch, precision = info.get("global_batch"), info.get("mixed_precision") or cfg.mixed_precision or "no"
+    steps = f"{progress.step:,}" + (f" x batch {batch:,} = {progress.images_seen:,} images" if batch else "")
+    rows = [_row("optimizer steps", steps)]
+    if progress.train_seconds is not None:
+        rows.append(_row("training wall-clock", f"{fmt_duration(progress.train_seconds)} on {hardware(info)}"))
+    rows += [
+        _row("resolution, parameters", f"{cfg.resolution} px, {info.get('num_parameters', 0):,}"),
+        _row("timestep sampler, loss weighting", f"{cfg.timestep_sampler}, {cfg.loss_weighting}"),
+        _row("optimizer", f"AdamW lr {cfg.learning_rate:g} ({cfg.lr_scheduler}, {cfg.lr_warmup_steps:,} warm-up "
+                          f"steps), betas {cfg.adam_beta1:g}/{cfg.adam_beta2:g}"),
+        _row("precision", {"no": "fp32"}.get(precision, f"{precision} autocast")),
+    ]
+    if posthoc:
+        snaps = posthoc["snapshots"]
+        widths = ", ".join(f"{w:g}" for w in sorted({x["sigma_rel"] for x in snaps}))
+        at = ", ".join(f"{t:,}" for t in sorted({x["step"] for x in snaps}))
+        rows.append(_row("EMA", f"post-hoc (Karras et al. 2024): sigma_rel {posthoc['sigma_rel']:g} at step "
+                                f"{posthoc['at_step']:,}, from {len(snaps)} snapshots (sigma_rel {widths} at "
+                                f"steps {at})"))
+    else:
+        rows.append(_row("EMA", f"on, max decay {cfg.ema_max_decay} (the exported U-Net is the EMA)" if cfg.use_ema
+                         else "off"))
+    return rows
+
+
+def metric_rows(metrics: dict) -> list[str]:
+    n = metrics.get("num_images", metrics.get("eval_images", "?"))
+    sampler = metrics.get("sampler", metrics.get("eval_sampler", "ddpm"))
+    steps = metrics.get("num_inference_steps", metrics.get("eval_inference_steps", ""))
+    at = f" at step {metrics['step']:,}" if "step" in metrics else ""
+    return [_row(label, f"{metrics[key]:.4g} ({n} images, {sampler} {steps} steps{at})")
+            for key, label in (("fid", "FID"), ("proxy_fd", "proxy FD (not FID)"), ("kid", "KID"),
+                               ("precision", "precision"), ("recall", "recall")) if key in metrics]
+
+
 def build_model_card(folder: Path, cfg, progress, info: dict, metrics: Optional[dict] = None,
-                     repo_id: Optional[str] = None):
+                     repo_id: Optional[str] = None, posthoc: Optional[dict] = None):
     """The model card (a `huggingface_hub.ModelCard`) of the pipeline exported in `folder`: metadata for the Hub
-    (library diffusers, pipeline tag, tags), a usage snippet loading `repo_id`, how it was trained, latest metrics."""
+    (library diffusers, pipeline tag, tags), a usage snippet that loads `repo_id` when the pipeline is pushed, else
+    `folder` as given, the key settings and latest metrics in a short table, the full config folded (<details>).
+    `posthoc`: {'sigma_rel', 'at_step', 'snapshots'} for a post-hoc EMA reconstruction (reconstruct_ema.py)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     folder = Path(folder)
     data = ModelCardData(library_name="diffusers", pipeline_tag="unconditional-image-generation",
                          tags=[*TAGS, f"timestep-sampler-{cfg.timestep_sampler}".replace("_", "-")])
-    load_from = repo_id or cfg.hub_model_id or folder.name
-    ema = f"on, max decay {cfg.ema_max_decay} (the exported U-Net is the EMA)" if cfg.use_ema else "off"
-    rows = [
-        "| | |",
-        "|---|---|",
-        _row("optimizer steps", f"{progress.step:,}"),
-        _row("training images seen", f"{progress.images_seen:,}"),
-        _row("training wall-clock", f"{progress.train_seconds / 3600:.2f} h on {hardware(info)}"),
-        _row("resolution", f"{cfg.resolution} px"),
-        _row("parameters", f"{info.get('num_parameters', 0):,}"),
-        _row("timestep sampler", cfg.timestep_sampler),
-        _row("loss weighting", cfg.loss_weighting),
-        _row("EMA", ema),
-    ]
-    if metrics:
-        n = metrics.get("num_images", metrics.get("eval_images", "?"))
-        sampler = metrics.get("sampler", metrics.get("eval_sampler", "ddpm"))
-        steps = metrics.get("num_inference_steps", metrics.get("eval_inference_steps", ""))
-        at = f" at step {metrics['step']:,}" if "step" in metrics else ""
-        for key, label in (("fid", "FID"), ("proxy_fd", "proxy FD (not FID)"), ("kid", "KID"),
-                           ("precision", "precision"), ("recall", "recall")):
-            if key in metrics:
-                rows.append(_row(label, f"{metrics[key]:.4g} ({n} images, {sampler} {steps} steps{at})"))
+    steps, total = cfg.ddpm_num_inference_steps, cfg.ddpm_num_steps
+    how = "the full DDPM chain" if steps == total else f"DDPM ancestral, {steps} of {total} steps, as the sample grids"
+    title = f"# DDPM trained with adaptive-diffusion ({cfg.preset})"
+    if posthoc:
+        title += f", post-hoc EMA sigma_rel {posthoc['sigma_rel']:g}"
     body = [
-        f"# DDPM trained with adaptive-diffusion ({cfg.preset})",
+        title,
         "",
         "```python",
         "from diffusers import DDPMPipeline",
         "",
-        f"pipe = DDPMPipeline.from_pretrained({json.dumps(load_from)})",
-        "images = pipe(batch_size=16, num_inference_steps=1000).images",
+        f"pipe = DDPMPipeline.from_pretrained({json.dumps(repo_id or str(folder))})",
+        f"images = pipe(batch_size=16, num_inference_steps={steps}).images  # {how}",
         "```",
         "",
-        *rows,
+        "| | |",
+        "|---|---|",
+        *settings_rows(cfg, progress, info, posthoc),
+        *metric_rows(metrics or {}),
     ]
     grid = info.get("grid")
     if grid:
@@ -112,13 +143,14 @@ def build_model_card(folder: Path, cfg, progress, info: dict, metrics: Optional[
         except ValueError:
             pass
     config = json.dumps(public_config(cfg.to_dict(), folder), indent=2, sort_keys=True)
-    body += ["", "## Training configuration", "", "```json", config, "```", ""]
+    body += ["", "<details>", "<summary>Full training configuration (config.json, local paths redacted)</summary>", "",
+             "```json", config, "```", "", "</details>", ""]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body))
 
 
 def write_model_card(folder: Path, cfg, progress, info: dict, metrics: Optional[dict] = None,
-                     repo_id: Optional[str] = None) -> Path:
+                     repo_id: Optional[str] = None, posthoc: Optional[dict] = None) -> Path:
     """Writes folder/README.md (`build_model_card`)."""
     path = Path(folder) / "README.md"
-    build_model_card(folder, cfg, progress, info, metrics, repo_id).save(path)
+    build_model_card(folder, cfg, progress, info, metrics, repo_id, posthoc).save(path)
     return path

@@ -19,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, find_latest, incompatible_keys, list_checkpoints,
-                         resolve_resume, rotate)
+from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, describe_changes, find_latest, incompatible_keys,
+                         list_checkpoints, resolve_resume, rotate)
 from .config import SECRET_FIELDS, ConfigError, TrainConfig
 from .faults import writing
 
@@ -99,7 +99,8 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
         bad = incompatible_keys(saved, cfg.to_dict())
         if bad:
             raise ConfigError(
-                f"{saved_cfg_file.parent} was trained with a different model/objective ({', '.join(bad)} differ); "
+                f"{saved_cfg_file.parent} was trained with a different model/objective "
+                f"({describe_changes(saved, cfg.to_dict(), bad)}); "
                 "use another --output_dir or --overwrite_output_dir"
             )
         changed = [k for k in changed_keys(saved, cfg.to_dict()) if k != "mixed_precision" or saved.get(k) != cfg.mixed_precision]
@@ -275,6 +276,19 @@ def export_pipeline(cfg: TrainConfig, unet, noise_scheduler, progress, info: dic
         artifact(out, "export_record").write_text(json.dumps({"step": progress.step, "metrics": metrics}, indent=2))
 
 
+def card_for_repo(cfg: TrainConfig, progress, repo_id: str) -> None:
+    """Rewrite the exported pipeline's model card so that its snippet loads `repo_id`: a finished run uploaded by a
+    rerun with --push_to_hub was exported with its local path in the card (main process)."""
+    from .model_card import write_model_card
+
+    out = Path(cfg.output_dir)
+    info = json.loads(artifact(out, "run_info").read_text())
+    metrics = json.loads(artifact(out, "export_record").read_text()).get("metrics")
+    grids = sorted(artifact(out, "samples").glob("grid_*.png"))
+    with writing("the model card", out):
+        write_model_card(out, cfg, progress, {**info, "grid": grids[-1] if grids else None}, metrics, repo_id)
+
+
 def finished_run(cfg: TrainConfig, progress, max_steps: int) -> Optional[str]:
     """Why a resumed run has nothing left to do (its step or wall-clock budget is used up and the pipeline of that
     step was exported), or None."""
@@ -373,7 +387,7 @@ def finish_uploads(uploader, cfg: TrainConfig, log, timeout: float) -> bool:
     return False
 
 
-__all__ = ["ARTIFACTS", "artifact", "check_output_dir", "clear_run", "connect_hub", "export_pipeline",
+__all__ = ["ARTIFACTS", "artifact", "card_for_repo", "check_output_dir", "clear_run", "connect_hub", "export_pipeline",
            "finish_uploads", "finished_run", "git_commit", "hub_patterns", "load_pipeline", "lock_output_dir",
            "pipeline_from_checkpoint", "prepare_for_training", "public_bytes", "rerun_command", "run_holds_training",
            "run_info", "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Optional
 
 from .build import Run, cpu_has_native_bf16
+from .config import TrainConfig
 from .control import StopControl
 from .model import count_parameters
-from .rundir import artifact, finish_uploads, prepare_for_training, run_info, write_run_records
+from .rundir import (artifact, card_for_repo, finish_uploads, lock_output_dir, prepare_for_training, run_info,
+                     write_run_records)
 from .stats import JsonlWriter, tracker_config
 from .timesteps.report import TimestepReport
 
@@ -50,19 +52,24 @@ def main_process_logger():
     return log
 
 
-def nothing_to_train(run: Run, why: str, log, uploader=None) -> dict:
-    """A finished run rerun: nothing is trained or rewritten; with --push_to_hub the upload is retried."""
-    cfg, progress = run.cfg, run.progress
+def nothing_to_train(cfg: TrainConfig, progress, why: str, log, uploader=None) -> dict:
+    """A finished run rerun, recognised before anything is built: nothing is trained or rewritten; with
+    --push_to_hub the upload is retried. The main process holds the folder's lock meanwhile."""
     log(f"nothing to train: {why} and its pipeline is exported in {cfg.output_dir} (raise --max_train_steps or "
         "--max_train_minutes to train on)")
-    uploaded = True
-    if uploader is not None:  # the upload may be what the rerun is for
-        uploader.push(Path(cfg.output_dir), f"final pipeline at step {progress.step}")
-        uploaded = finish_uploads(uploader, cfg, log, cfg.hub_upload_timeout)
-    if run.lock is not None:
-        run.lock.close()
+    main = int(os.environ.get("RANK", "0")) == 0
+    lock = lock_output_dir(Path(cfg.output_dir), log) if main else None
+    try:
+        uploaded = True
+        if uploader is not None:  # the upload may be what the rerun is for
+            card_for_repo(cfg, progress, uploader.repo_id)
+            uploader.push(Path(cfg.output_dir), f"final pipeline at step {progress.step}")
+            uploaded = finish_uploads(uploader, cfg, log, cfg.hub_upload_timeout)
+    finally:
+        if lock is not None:
+            lock.close()
     return {"step": progress.step, "train_seconds": progress.train_seconds, "stopped": "finished",
-            "world_size": run.accelerator.num_processes, **({} if uploaded else {"hub": "not uploaded"})}
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")), **({} if uploaded else {"hub": "not uploaded"})}
 
 
 def start_session(run: Run, resume_from: Optional[Path], log, control: StopControl, uploader=None) -> Session:

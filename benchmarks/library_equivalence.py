@@ -8,8 +8,8 @@
    the cpu-tiny16 U-Net's parameters, power and ratio warm-up: bit-identical? largest difference?
 2. Forward process: adaptive.losses.q_sample on float64-computed tables vs DDPMScheduler.add_noise: largest
    difference over all T; CPU time per call at batch 128.
-3. DDPM step: adaptive.image_sampler.ddpm_step (noise passed in) vs DDPMScheduler.step(generator=[...]), both inside
-   the same sampling loop of the cpu-tiny16 U-Net: identical images? CPU time (one thread, interleaved rounds).
+The image sampler calls DDPMScheduler.step itself since the 2026-12-01 table (its own step was no faster beyond the
+rounds' spread), so that pair is no longer measured.
 Output: results.json, README.md, library.png.
 """
 
@@ -99,52 +99,13 @@ def forward_process(repeats: int) -> dict:
             "library_cpu_ms": 1e3 * cpu_time(lambda: sched.add_noise(x0, noise, t), repeats)}
 
 
-def library_step_sample(unet, scheduler_config, seeds, steps):
-    """The sampling loop of adaptive.image_sampler.ddpm_sample with DDPMScheduler.step drawing the noise."""
-    import torch
-
-    from adaptive.image_sampler import make_scheduler, to_uint8
-
-    gens = [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]
-    x = torch.stack([torch.randn((3, 16, 16), generator=g) for g in gens])
-    sched = make_scheduler(scheduler_config)
-    sched.set_timesteps(steps)
-    with torch.no_grad():
-        for t in sched.timesteps:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                out = unet(x, t).sample
-            x = sched.step(out.float(), t, x, generator=gens).prev_sample
-    return to_uint8(x)
-
-
-def ddpm_step_equivalence(images: int, steps: int, rounds: int) -> dict:
-    import torch
-
-    from adaptive.image_sampler import ddpm_sample
-
-    unet, sched = tiny_unet()
-    seeds = list(range(images))
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
-    ours = ddpm_sample(unet, sched.config, seeds, steps, images, "cpu", autocast)
-    lib = library_step_sample(unet, sched.config, seeds, steps)
-    times = {"ours": [], "library": []}
-    for r in range(rounds):  # interleaved, alternating order
-        for kind in (("ours", "library") if r % 2 == 0 else ("library", "ours")):
-            fn = (lambda: ddpm_sample(unet, sched.config, seeds, steps, images, "cpu", autocast)) if kind == "ours" else \
-                (lambda: library_step_sample(unet, sched.config, seeds, steps))
-            times[kind].append(cpu_time(fn, 1))
-    return {"images": images, "steps": steps, "identical_images": bool(torch.equal(ours, lib)),
-            "ours_cpu_s": statistics.median(times["ours"]), "library_cpu_s": statistics.median(times["library"]),
-            "rounds": times}
-
-
 def write_report(res: dict, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    e, q, s = res["ema"], res["forward_process"], res["ddpm_step"]
+    e, q = res["ema"], res["forward_process"]
     lines = [f"# Library calls vs our code ({res['date']}){' - QUICK SMOKE TEST' if res['quick'] else ''}", "",
              f"Command: `{res['command']}`, commit `{res['git_commit']}`, torch {res['versions']['torch']}, "
              f"diffusers {res['versions']['diffusers']}; CPU time of one thread. Raw numbers: `results.json`.", "",
@@ -156,14 +117,9 @@ def write_report(res: dict, out: Path) -> None:
     lines.append(f"| forward process, all T | `q_sample` (float64-built tables) | `DDPMScheduler.add_noise` | "
                  f"{'bit-identical' if q['bit_identical'] else 'no'} | {q['max_abs_difference']:.3g} | "
                  f"{q['ours_cpu_ms']:.3f} ms | {q['library_cpu_ms']:.3f} ms |")
-    lines.append(f"| DDPM step, {s['images']} images x {s['steps']} steps | `ddpm_step` | `DDPMScheduler.step` | "
-                 f"{'identical images' if s['identical_images'] else 'different images'} | - | {s['ours_cpu_s']:.2f} s | "
-                 f"{s['library_cpu_s']:.2f} s |")
     (out / "README.md").write_text("\n".join(lines) + "\n")
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=110)
-    labels = ["q_sample (ms)", "add_noise (ms)", "ddpm_step loop (s)", "scheduler.step loop (s)"]
-    ax.bar(labels, [q["ours_cpu_ms"], q["library_cpu_ms"], s["ours_cpu_s"], s["library_cpu_s"]],
-           color=["C0", "C1", "C0", "C1"])
+    ax.bar(["q_sample (ms)", "add_noise (ms)"], [q["ours_cpu_ms"], q["library_cpu_ms"]], color=["C0", "C1"])
     ax.set_ylabel("CPU time (one thread)")
     ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
@@ -190,8 +146,7 @@ def main(argv=None) -> int:
            "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
            "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__},
            "ema": ema_equivalence(5 if q else 50),
-           "forward_process": forward_process(3 if q else 50),
-           "ddpm_step": ddpm_step_equivalence(4 if q else 64, 3 if q else 50, 2 if q else 6)}
+           "forward_process": forward_process(3 if q else 50)}
     (out / "results.json").write_text(json.dumps(res, indent=1))
     write_report(res, out)
     print((out / "README.md").read_text())

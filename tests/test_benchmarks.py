@@ -416,10 +416,8 @@ def test_library_equivalence_quick_mode_measures_every_pair(tmp_path):
     run_cli("benchmarks/library_equivalence.py", ["--quick", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "results.json").read_text())
     assert set(res["ema"]) == {"power", "ratio"} and all(v["updates"] == 5 for v in res["ema"].values())
-    # the two DDPM steps draw the same noise from the same generators: the images must agree exactly
-    assert res["ddpm_step"]["identical_images"] is True
     assert res["forward_process"]["max_abs_difference"] < 1e-5  # float32 vs float64-built tables: rounding only
-    assert (tmp_path / "library.png").stat().st_size > 1000 and "| DDPM step" in (tmp_path / "README.md").read_text()
+    assert (tmp_path / "library.png").stat().st_size > 1000 and "| forward process" in (tmp_path / "README.md").read_text()
 
 
 def test_fault_drill_counts_faults_and_writes_the_table():

@@ -138,3 +138,55 @@ def test_help_is_grouped_by_section_and_shows_the_presets_defaults(capsys):
     assert "--block_out_channels" in model and "cpu-tiny16: 32,64,64" in model and "--learning_rate" not in model
     optim = text[text.index("optimisation:"):]
     assert "--learning_rate" in optim and "[default 0.0002; cpu-tiny: 0.002; cpu-tiny16: 0.002]" in " ".join(optim.split())
+
+
+@pytest.mark.parametrize("script", ["train_accelerate", "sample", "evaluate_fid", "reconstruct_ema"])
+def test_every_clis_help_shows_its_defaults_and_no_empty_one(script, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(script).parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "[default ]" not in text and "[default ()]" not in text
+    expected = {
+        "train_accelerate": ["sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10) --ema_snapshot_steps",
+                             "[default 5000]"],
+        "sample": ["images to generate (indices 0 .. N-1) [default 10000; --like_run: the run's eval_num_images]",
+                   "[default ddpm]", "[default: the accelerate config's choice; --like_run: the run's mixed_precision]"],
+        "evaluate_fid": ["[default clean; --like_run: the run's eval_mode]", "images per feature-network batch "
+                         "[default 250]", "[default: all; --like_run: the run's eval_ref_num_images]"],
+        "reconstruct_ema": ["[default: the last snapshot]", "[default: run_dir/phema-<sigma>]"],
+    }[script]
+    for part in expected:
+        assert part in text, part
+
+
+def test_a_presets_precision_over_the_accelerate_configs_is_said_at_the_start(tmp_path, capsys, monkeypatch):
+    from adaptive.config import precision_override
+
+    cfg = resolve_config(parse_args(["--preset", "cpu-tiny16"]))
+    assert precision_override(cfg, None, {}, "no") == (
+        "mixed_precision bf16 (from preset cpu-tiny16) overrides the accelerate config's no; pass --mixed_precision no "
+        "to use that")
+    assert "from the run's saved config" in precision_override(cfg, None, {"mixed_precision": "bf16"}, "no")
+    assert precision_override(cfg, "bf16", {}, "no") is None  # a flag is the user's own choice
+    assert precision_override(cfg, None, {}, "bf16") is None and precision_override(cfg, None, {}, None) is None
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # as accelerate launch sets it from its config
+    assert main(["--preset", "cpu-tiny16", "--train_data_dir", str(tmp_path / "missing"), "--output_dir",
+                 str(tmp_path / "run")]) == 2
+    out = capsys.readouterr()
+    assert out.out.startswith("mixed_precision bf16 (from preset cpu-tiny16) overrides the accelerate config's no")
+    assert "does not exist" in out.err
+
+
+def test_like_run_fills_only_the_flags_not_given():
+    import argparse
+
+    from adaptive.config import fill_like_run
+
+    table = {"num_images": (10_000, "eval_num_images"), "seed_offset": (0, "eval_seed_offset")}
+    run = TrainConfig(**PRESETS["cpu-tiny16"])
+    args = fill_like_run(argparse.Namespace(num_images=None, seed_offset=5, other=1), table, run)
+    assert (args.num_images, args.seed_offset, args.other) == (1000, 5, 1)  # the run's eval_num_images; the flag given
+    args = fill_like_run(argparse.Namespace(num_images=None, seed_offset=None), table, None)
+    assert (args.num_images, args.seed_offset) == (10_000, 0)  # no run: the defaults

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from adaptive.fid import feature_stats, frechet_distance, kernel_inception_distance, precision_recall, save_stats
 
-from conftest import run_cli, write_images
+from conftest import run_cli, tiny_args, write_images, write_pooled_features
 
 METRIC_KEYS = {"proxy_fd", "kid", "precision", "recall", "num_images", "feature_extractor", "mode", "reference",
                "sampler", "num_inference_steps", "samples"}
@@ -187,6 +187,48 @@ def test_in_training_evaluation_and_evaluate_fid_give_the_same_fd_for_the_same_i
     m = json.loads(out.read_text())
     assert m["proxy_fd"] == pytest.approx(in_training, rel=1e-6) and in_training > 0
     assert m["reference_resized_from"] == [32, 32]  # the 32 px training images, resized to the samples' 16 px
+    import inspect
+
+    from evaluate_fid import FEATURE_BATCH
+    from adaptive.fid import FeatureNet
+
+    assert FEATURE_BATCH == inspect.signature(FeatureNet).parameters["batch_size"].default  # the evaluator's batches
+
+
+@pytest.mark.slow
+def test_like_run_reproduces_the_logged_score_bit_for_bit(tmp_path, image_folder, capsys):
+    """A tiny run evaluated at step 2: sample.py --like_run RUN from its checkpoint-2, then evaluate_fid.py --like_run
+    RUN gives the logged proxy FD exactly (seeds 1000000 + i, its steps, precision, image count, network, reference).
+    Samples made otherwise are scored with a warning (and another number)."""
+    feat = write_pooled_features(tmp_path / "feat.pt")  # 48 features
+    run = tmp_path / "run"
+    proc = run_cli("train_accelerate.py", tiny_args(
+        image_folder, run, "--max_train_steps", "2", "--checkpointing_steps", "2", "--save_images_steps", "none",
+        "--eval_at_steps", "2", "--eval_num_images", "6", "--eval_inference_steps", "3", "--eval_feature_extractor",
+        str(feat), "--eval_ref_num_images", "16"))
+    assert ("warning: the evaluation (--eval_num_images) has 6 images, fewer than the 48 feature dimensions: its "
+            "covariance is singular and the Frechet distance unreliable") in proc.stdout  # as evaluate_fid.py says it
+    logged = [json.loads(line) for line in (run / "stats.jsonl").read_text().splitlines() if "proxy_fd" in line]
+    assert [r["step"] for r in logged] == [2]
+    samples = tmp_path / "samples"
+    run_cli("sample.py", ["--model_path", str(run / "checkpoint-2"), "--like_run", str(run), "--output_dir", str(samples)])
+    made = json.loads((samples / "sampling.json").read_text())
+    assert (made["num_images"], made["seed_offset"], made["num_inference_steps"], made["scheduler"]) == (6, 1_000_000, 3,
+                                                                                                         "ddpm")
+    assert _evaluate("--samples", samples, "--like_run", run, "--output", tmp_path / "m.json") == 0
+    scored = json.loads((tmp_path / "m.json").read_text())
+    assert scored["proxy_fd"] == logged[0]["proxy_fd"]  # bit for bit
+    assert (scored["num_images"], scored["reference_num_images"], scored["like_run"]) == (6, 16, str(run))
+
+    other = tmp_path / "other"
+    run_cli("sample.py", ["--model_path", str(run / "checkpoint-2"), "--output_dir", str(other), "--num_images", "6",
+                          "--num_inference_steps", "3", "--mixed_precision", made["mixed_precision"]])
+    capsys.readouterr()
+    assert _evaluate("--samples", other, "--like_run", run, "--output", tmp_path / "o.json") == 0
+    assert ("warning: --samples were not made as --like_run's evaluation sampled (seed_offset 0 (the run's: "
+            "1000000)), so the score is not comparable with the logged one; make them with sample.py --like_run") \
+        in capsys.readouterr().err
+    assert json.loads((tmp_path / "o.json").read_text())["proxy_fd"] != logged[0]["proxy_fd"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

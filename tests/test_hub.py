@@ -505,6 +505,7 @@ def test_model_card_round_trips_with_hub_metadata_and_the_repo_id(tmp_path):
     from adaptive.model_card import write_model_card
 
     out, cfg, progress, info = card_inputs(tmp_path)
+    info.update(global_batch=128, mixed_precision="bf16")
     metrics = {"step": 1200, "proxy_fd": 2.345, "eval_images": 1000, "eval_inference_steps": 50}
     path = write_model_card(out, cfg, progress, info, metrics, repo_id="someone/ddpm-run")
     card = ModelCard.load(path)
@@ -514,14 +515,20 @@ def test_model_card_round_trips_with_hub_metadata_and_the_repo_id(tmp_path):
     assert 'DDPMPipeline.from_pretrained("someone/ddpm-run")' in card.text
     assert "my-local-run" not in card.text  # neither the folder name in the snippet nor the path in the config
     rows = [line for line in card.text.splitlines() if line.startswith("|")]
-    assert rows[:2] == ["| | |", "|---|---|"] and len(rows) == 11, rows
-    for line in rows[2:]:  # two non-empty cells, closed on both sides
-        assert line.startswith("| ") and line.endswith(" |") and all(c.strip() for c in line[1:-1].split("|")), line
-        assert len(line[1:-1].split("|")) == 2, line
-    assert "| training wall-clock | 1.50 h on 1 x CPU |" in rows
-    assert "| EMA | on, max decay 0.995 (the exported U-Net is the EMA) |" in rows
-    assert any(r.startswith("| proxy FD (not FID) | 2.345 (1000 images") for r in rows)
+    assert rows == [
+        "| | |", "|---|---|",
+        "| optimizer steps | 1,200 x batch 128 = 153,600 images |",
+        "| training wall-clock | 1.50 h on 1 x CPU |",
+        "| resolution, parameters | 16 px, 1,100,000 |",
+        "| timestep sampler, loss weighting | uniform, none |",
+        "| optimizer | AdamW lr 0.002 (constant_with_warmup, 200 warm-up steps), betas 0.9/0.999 |",
+        "| precision | bf16 autocast |",
+        "| EMA | on, max decay 0.995 (the exported U-Net is the EMA) |",
+        "| proxy FD (not FID) | 2.345 (1000 images, ddpm 50 steps at step 1,200) |",
+    ]
     assert "![samples](samples/grid_0001200.png)" in card.text
+    details = card.text[card.text.index("<details>"):card.text.index("</details>")]  # the full config, folded
+    assert "<summary>" in details and '"learning_rate": 0.002' in details and '"output_dir": "."' in details
     text = path.read_text()
     assert str(tmp_path) not in text and TOKEN not in text
     assert ModelCard(text).content == card.content  # what was written is what loads
@@ -530,6 +537,19 @@ def test_model_card_round_trips_with_hub_metadata_and_the_repo_id(tmp_path):
     card = ModelCard.load(write_model_card(out, cfg, progress, info))
     assert "| training wall-clock | 1.50 h on 8 x NVIDIA H100 80GB HBM3 |" in card.text
     assert "| EMA | off |" not in card.text
+
+
+def test_a_local_cards_snippet_loads_its_folder_and_short_runs_show_seconds_or_minutes(tmp_path):
+    from adaptive.checkpoint import Progress
+    from adaptive.model_card import build_model_card, fmt_duration
+
+    out, cfg, _, info = card_inputs(tmp_path)
+    card = build_model_card(out, cfg, Progress(step=300, images_seen=38_400, train_seconds=42.4), info)
+    assert f"DDPMPipeline.from_pretrained({json.dumps(str(out))})" in card.text  # no Hub repo: the folder's path
+    assert "| training wall-clock | 42 s on 1 x CPU |" in card.text
+    assert "num_inference_steps=50).images  # DDPM ancestral, 50 of 1000 steps, as the sample grids" in card.text
+    assert [fmt_duration(s) for s in (0.4, 59.4, 60, 754, 3599, 3600, 5400)] == \
+        ["0 s", "59 s", "1.0 min", "12.6 min", "60.0 min", "1.00 h", "1.50 h"]
 
 
 def test_local_paths_are_redacted(tmp_path):

@@ -73,5 +73,15 @@ def test_training_snapshots_and_reconstruct_ema_cli(tmp_path, image_folder):
     pipe = DDPMPipeline.from_pretrained(out)
     img = pipe(batch_size=1, num_inference_steps=2, output_type="np").images
     assert img.shape == (1, 16, 16, 3)
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(out / "README.md")  # a model card of its own: what was reconstructed, from which snapshots
+    assert card.data.library_name == "diffusers" and "post-hoc EMA sigma_rel 0.08" in card.text
+    assert ("| EMA | post-hoc (Karras et al. 2024): sigma_rel 0.08 at step 6, from 6 snapshots (sigma_rel 0.05, 0.1 at "
+            "steps 2, 4, 6) |") in card.text
+    snippet = card.text.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(snippet, scope)  # loads the reconstructed folder itself
+    assert len(scope["images"]) == 16
     bad = run_cli("reconstruct_ema.py", ["--run_dir", str(tmp_path), "--sigma_rel", "0.08"], check=False)
     assert bad.returncode == 2 and "has no config.json" in bad.stderr

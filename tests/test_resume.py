@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -184,8 +185,18 @@ def test_export_round_trip_through_ddpm_pipeline(tmp_path, image_folder):
         assert torch.equal(v, ema[k]), k  # the exported U-Net is the EMA
     images = pipe(batch_size=2, num_inference_steps=3, generator=torch.Generator().manual_seed(0), output_type="np").images
     assert images.shape == (2, 16, 16, 3) and images.min() >= 0 and images.max() <= 1
-    card = (run / "README.md").read_text()
-    assert "DDPMPipeline.from_pretrained" in card and "timestep sampler | uniform" in card and "optimizer steps | 3" in card
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(run / "README.md")
+    assert card.data.library_name == "diffusers"
+    assert "| timestep sampler, loss weighting | uniform, none |" in card.text
+    assert "| optimizer steps | 3 x batch 4 = 12 images |" in card.text
+    assert re.search(r"\| training wall-clock \| \d+ s on 1 x CPU \|", card.text)  # seconds for a short run
+    snippet = card.text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert f'from_pretrained("{run}")' in snippet  # not pushed: the folder itself
+    scope: dict = {}
+    exec(snippet, scope)  # the card's usage snippet, run as a reader would
+    assert len(scope["images"]) == 16 and scope["images"][0].size == (16, 16)
 
 
 HUB_ENV = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,localhost",
@@ -301,6 +312,7 @@ def test_a_failed_final_upload_keeps_the_run_exits_3_and_the_printed_command_ret
     assert "nothing to train: step 2 of --max_train_steps 2 reached" in retry.stdout
     assert "hub: pushed" in retry.stdout and "NOT uploaded" not in retry.stdout
     assert [c["summary"] for c in hub.commits] == ["final pipeline at step 2"]
+    assert 'DDPMPipeline.from_pretrained("someone/tiny-ddpm")' in hub.commits[0]["files"]["README.md"].decode()
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "README.md"} == files
 
 
@@ -349,6 +361,7 @@ def test_rerunning_a_finished_run_changes_nothing_and_a_larger_budget_continues_
     files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
     proc = run_cli("train_accelerate.py", args)
     assert "nothing to train: step 3 of --max_train_steps 3 reached" in proc.stdout
+    assert "data: " not in proc.stdout  # decided from the checkpoint before any image was decoded
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == files
     proc = run_cli("train_accelerate.py", [*args, "--max_train_steps", "5"])
     assert "resumed from" in proc.stdout and json.loads((out / "export.json").read_text())["step"] == 5

@@ -135,23 +135,6 @@ def test_two_processes_write_the_same_images_as_one(model_path, batch4, tmp_path
         assert np.array_equal(z["arr_0"], y["arr_0"])
 
 
-@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction", "sample"])
-def test_own_ddpm_step_is_bit_identical_to_the_scheduler(prediction_type):
-    """ddpm_step (noise passed in, no host sync) == DDPMScheduler.step with the same noise, exactly."""
-    from diffusers import DDPMScheduler
-
-    from adaptive.image_sampler import ddpm_step
-
-    s = DDPMScheduler(prediction_type=prediction_type)
-    s.set_timesteps(50)
-    x, out = torch.randn(4, 3, 8, 8), torch.randn(4, 3, 8, 8)
-    for i, t in enumerate(s.timesteps):
-        noise = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(i)) if t > 0 else None
-        ref = s.step(out, t, x, generator=torch.Generator().manual_seed(i)).prev_sample
-        prev = int(s.timesteps[i + 1]) if i + 1 < len(s.timesteps) else -1
-        assert torch.equal(ddpm_step(s, out, t, prev, x, noise), ref)
-
-
 @pytest.mark.slow
 def test_compiled_sampling_gives_the_eager_images(model_path, batch4, tmp_path, monkeypatch):
     # sample.py --compile: inductor with frozen weights; same images up to float rounding of fused kernels
@@ -204,3 +187,18 @@ def test_sample_from_a_checkpoint_or_a_run_left_before_its_export(tmp_path, imag
     assert all(torch.equal(v, weights[k]) for k, v in pipe.unet.state_dict().items())
     proc = run_cli("sample.py", ["--model_path", str(tmp_path), "--output_dir", str(tmp_path / "x")], check=False)
     assert proc.returncode == 2 and "no exported pipeline and no valid checkpoint" in proc.stderr
+
+
+def test_sample_grids_are_enlarged_by_whole_pixels_to_at_least_256_px(tmp_path):
+    """A 16 px grid of 64 images (146 px) is doubled to 292 px, each pixel a 2 x 2 block (nearest neighbour); a grid
+    that is large enough keeps its size."""
+    from PIL import Image
+
+    from adaptive.image_sampler import save_grid
+
+    imgs = np.random.default_rng(0).integers(0, 256, (64, 16, 16, 3), dtype=np.uint8)
+    grid = np.asarray(Image.open(save_grid(imgs, tmp_path / "small.png")))
+    assert grid.shape == (292, 292, 3)  # (8 x (16 + 2) + 2) x 2
+    assert np.array_equal(grid[4:36, 4:36], imgs[0].repeat(2, axis=0).repeat(2, axis=1))
+    big = np.zeros((4, 160, 160, 3), dtype=np.uint8)
+    assert np.asarray(Image.open(save_grid(big, tmp_path / "big.png"))).shape == (326, 326, 3)  # 2 x 162 + 2

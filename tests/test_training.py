@@ -94,7 +94,7 @@ def test_bad_input_never_touches_an_existing_run(tmp_path, image_folder):
         "invalid choice: 'huge'": ["--preset", "huge", "--output_dir", str(out)],
         "invalid choice: 'sometimes'": tiny_args(image_folder, out, "--lr_scheduler", "sometimes"),
         "unrecognized arguments: --bogus": tiny_args(image_folder, out, "--bogus", "1"),
-        "different model/objective (block_out_channels differ)": tiny_args(
+        "different model/objective (block_out_channels: 32,64,64 -> 32,32,64)": tiny_args(
             image_folder, out, "--resume_from_checkpoint", "latest", "--block_out_channels", "32,32,64"),
     }
     for message, args in cases.items():
@@ -141,8 +141,9 @@ def test_in_training_evaluation_and_the_wall_clock_budget(tmp_path, image_folder
 
 
 def test_trackers_get_the_plotted_scalars_the_sample_grids_and_timestep_bins_only_when_asked(tmp_path, image_folder):
-    """TensorBoard: loss, lr, grad_norm, img_per_s every log step and the grid as an image at --save_images_steps; the
-    per-bin diagnostics under timesteps/ for a non-uniform method (or --log_timestep_bins), not for plain uniform."""
+    """TensorBoard: loss, lr, grad_norm, img_per_s every log step, the evaluation's score (its bookkeeping only in
+    stats.jsonl) and the grid as an image at --save_images_steps; the per-bin diagnostics under timesteps/ for a
+    non-uniform method (or --log_timestep_bins), not for plain uniform."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     def tags(name: str, *extra: str) -> tuple[set, set]:
@@ -154,9 +155,15 @@ def test_trackers_get_the_plotted_scalars_the_sample_grids_and_timestep_bins_onl
         assert [e.step for e in acc.Images("samples")] == [2, 4] if "samples" in images else False
         return scalars, images
 
-    scalars, images = tags("uniform")
+    feat = write_pooled_features(tmp_path / "feat.pt")
+    scalars, images = tags("uniform", "--eval_at_steps", "4", "--eval_num_images", "4", "--eval_inference_steps", "2",
+                           "--eval_feature_extractor", str(feat), "--eval_ref_num_images", "8")
     assert {"loss", "lr", "grad_norm", "img_per_s"} <= scalars and "samples" in images
     assert not any(t.startswith("timesteps/") for t in scalars) and "world_size" not in scalars
+    assert {t for t in scalars if t.startswith("eval/")} == {"eval/proxy_fd"}
+    evals = [json.loads(line) for line in (tmp_path / "uniform" / "stats.jsonl").read_text().splitlines()
+             if "proxy_fd" in line]
+    assert evals[0]["eval_images"] == 4 and evals[0]["eval_inference_steps"] == 2 and "eval_seconds" in evals[0]
     scalars, _ = tags("adaptive", "--timestep_sampler", "adaptive", "--adaptive_warmup_steps", "1")
     assert {"timesteps/p_by_t_0", "timesteps/loss_scale", "timesteps/p_entropy"} <= scalars
     scalars, _ = tags("asked", "--log_timestep_bins")
