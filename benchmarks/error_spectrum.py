@@ -7,7 +7,9 @@ x0_hat = (x_t - sqrt(1 - abar_t) eps_hat) / sqrt(abar_t)), and split by radial s
 image (|k| <= 0.5: the image mean; then bands 1, 2, 4, 8, 16 and above), per channel, with Parseval's identity
 (mean over pixels of e^2 = sum_k |F_k|^2 / N^2). Each band's error power is reported beside the power of the data
 in that band, E|F(x0 - mean image)|^2: an x0 estimate whose error in a band exceeds the data's own power there is
-worse than predicting the data mean. Ancestral sampling uses x0_hat (clipped to [-1, 1]) at every step, so a band
+worse than predicting the data mean. `dc_slope` is the regression slope of the prediction's per-channel image mean on
+the noise's (1: the model reproduces the noise's mean colour, as it must at high noise; 0: it predicts a zero-mean
+noise, and x0_hat's mean colour is the noise's mean amplified by 1/sqrt(abar_t)). Ancestral sampling uses x0_hat (clipped to [-1, 1]) at every step, so a band
 that stays wrong at high noise is what the samples show - colour blobs when it is the low frequencies.
 
 Bands are in cycles per image, so a 16 px and a 32 px model are compared at the same scale of structure.
@@ -62,15 +64,20 @@ def measure(model, x0: torch.Tensor, abar: torch.Tensor, timesteps, batch: int, 
     out = {}
     for t in timesteps:
         a = abar[t]
-        err_eps, err_x0 = 0.0, torch.zeros(len(BAND_NAMES))
+        err_eps, err_x0, dc_true, dc_pred = 0.0, torch.zeros(len(BAND_NAMES)), [], []
         for i in range(0, len(x0), batch):
             x = x0[i:i + batch]
             eps = torch.randn(x.shape, generator=gen)
             xt = a.sqrt() * x + (1 - a).sqrt() * eps
-            e = model(xt, torch.full((len(x),), t)).sample.float() - eps
+            pred = model(xt, torch.full((len(x),), t)).sample.float()
+            e = pred - eps
             err_eps += float(e.pow(2).mean()) * len(x) / len(x0)
             err_x0 += band_power(e * ((1 - a) / a).sqrt(), band) * len(x) / len(x0)
-        out[t] = {"eps_mse": err_eps, "x0_error_by_band": err_x0.tolist()}
+            dc_true.append(eps.mean((2, 3)).flatten())
+            dc_pred.append(pred.mean((2, 3)).flatten())
+        u, v = torch.cat(dc_true), torch.cat(dc_pred)
+        out[t] = {"eps_mse": err_eps, "x0_error_by_band": err_x0.tolist(),
+                  "dc_slope": float((u * v).mean() / u.pow(2).mean())}
     return out
 
 
@@ -82,17 +89,46 @@ def summarize(paths: list[Path]) -> str:
         data = torch.tensor(r["data_power_by_band"])
         lines += [f"**{path.name}** ({r['resolution']} px, step {r['step']}, {r['images']} images; weights "
                   f"{r['weights']}). x0-estimate error power / data power per band (cycles per image); eps-MSE:", "",
-                  "| t | eps-MSE | " + " | ".join(BAND_NAMES) + " |", "|---|---|" + "---|" * len(BAND_NAMES)]
+                  "| t | eps-MSE | DC slope | " + " | ".join(BAND_NAMES) + " |",
+                  "|---|---|---|" + "---|" * len(BAND_NAMES)]
         for t, v in r["by_t"].items():
             ratio = torch.tensor(v["x0_error_by_band"]) / data.clamp_min(1e-12)
-            lines.append(f"| {t} | {v['eps_mse']:.5f} | " + " | ".join(f"{x:.3g}" for x in ratio.tolist()) + " |")
+            lines.append(f"| {t} | {v['eps_mse']:.5f} | {v.get('dc_slope', float('nan')):.3f} | " + " | ".join(f"{x:.3g}" for x in ratio.tolist()) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def plot_dc_slope(paths: list[Path], out: Path, high_t: int = 700) -> None:
+    """DC slope (mean over the measured t >= high_t) against the checkpoint's step, one line per run folder."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs: dict[str, list[tuple[int, float]]] = {}
+    for path in paths:
+        r = json.loads(path.read_text())
+        slopes = [v["dc_slope"] for t, v in r["by_t"].items() if int(t) >= high_t and "dc_slope" in v]
+        name = f"{Path(r['checkpoint']).parent.name} ({r['resolution']} px)"
+        runs.setdefault(name, []).append((r["step"], sum(slopes) / len(slopes)))
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for name, pts in sorted(runs.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(f"DC slope (mean over t >= {high_t})")
+    ax.set_title("Does the model reproduce the noise's mean colour? (0 = no: colour blobs)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--summarize", type=Path, nargs="+", help="only print markdown tables of these result files")
+    ap.add_argument("--plot", type=Path, help="with --summarize: also plot each run's DC slope against its step here")
     ap.add_argument("--checkpoint", type=Path, help="an accelerate checkpoint folder of a training run")
     ap.add_argument("--weights", choices=["ema", "online"], default="ema", help="the EMA (what is sampled) or online")
     ap.add_argument("--data", type=Path, help="the training images (zip or folder)")
@@ -104,6 +140,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.summarize:
         print(summarize(args.summarize))
+        if args.plot:
+            plot_dc_slope(args.summarize, args.plot)
         return 0
     if not (args.checkpoint and args.data and args.out):
         ap.error("--checkpoint, --data and --out are required (or --summarize FILES)")
