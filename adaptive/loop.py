@@ -21,7 +21,7 @@ from .data import Layout, open_entries
 from .faults import Diverged, writing
 from .image_sampler import generate_distributed, save_grid
 from .losses import per_sample_mse, q_sample, training_target
-from .rundir import artifact, check_output_dir, connect_hub, export_pipeline, finished_run
+from .rundir import artifact, check_output_dir, connect_hub, export_pipeline, finished_run, fresh_start_line
 from .seeding import generator, seed_for
 from .session import Session, end, main_process_logger, nothing_to_train, start_session
 from .timesteps.base import DIAGNOSTIC_BINS
@@ -110,6 +110,10 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
         if hub_error:
             raise ConfigError(hub_error)
         return nothing_to_train(cfg, *finished, log, uploader)
+
+    # A fresh start says so at once, so that a forgotten --output_dir or preset is visible before any step.
+    if resume_from is None:
+        log(fresh_start_line(cfg))
 
     # Build everything: accelerator, data, model, EMA, optimizer, LR schedule, timestep sampler; lock the folder.
     run = setup(cfg, log, entries, main_error=hub_error)

@@ -76,6 +76,14 @@ def public_bytes(out: Path, rel: str) -> Optional[bytes]:
 # ------------------------------------------------------------------------------------------------ folder policy
 
 
+def fresh_start_line(cfg: TrainConfig) -> str:
+    """The start-up line of a run that does not resume: where it writes, that it starts at step 0, from which preset."""
+    out = Path(cfg.output_dir)
+    if cfg.overwrite_output_dir and run_holds_training(out):
+        return f"--overwrite_output_dir: replacing the run in {out}, starting from step 0 (preset {cfg.preset})"
+    return f"no checkpoint in {out}: starting from step 0 (preset {cfg.preset})"
+
+
 def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
     """Decide what to do with output_dir before anything is written; returns the checkpoint to resume from."""
     out = Path(cfg.output_dir)
@@ -388,6 +396,6 @@ def finish_uploads(uploader, cfg: TrainConfig, log, timeout: float) -> bool:
 
 
 __all__ = ["ARTIFACTS", "artifact", "card_for_repo", "check_output_dir", "clear_run", "connect_hub", "export_pipeline",
-           "finish_uploads", "finished_run", "git_commit", "hub_patterns", "load_pipeline", "lock_output_dir",
-           "pipeline_from_checkpoint", "prepare_for_training", "public_bytes", "rerun_command", "run_holds_training",
+           "finish_uploads", "finished_run", "fresh_start_line", "git_commit", "hub_patterns", "load_pipeline",
+           "lock_output_dir", "pipeline_from_checkpoint", "prepare_for_training", "public_bytes", "rerun_command", "run_holds_training",
            "run_info", "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]

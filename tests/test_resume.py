@@ -357,10 +357,12 @@ def test_rerunning_a_finished_run_changes_nothing_and_a_larger_budget_continues_
     """The same command again: nothing retrained, re-exported or rewritten; with more steps it resumes."""
     out = tmp_path / "run"
     args = tiny_args(image_folder, out, *STATEFUL, "--max_train_steps", "3", "--resume_from_checkpoint", "latest")
-    run_cli("train_accelerate.py", args)
+    first = run_cli("train_accelerate.py", args)
+    assert f"no checkpoint in {out}: starting from step 0 (preset cpu-tiny16)" in first.stdout.splitlines()
     files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
     proc = run_cli("train_accelerate.py", args)
     assert "nothing to train: step 3 of --max_train_steps 3 reached" in proc.stdout
+    assert "starting from step 0" not in proc.stdout
     assert "data: " not in proc.stdout  # decided from the checkpoint before any image was decoded
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == files
     proc = run_cli("train_accelerate.py", [*args, "--max_train_steps", "5"])
@@ -383,3 +385,17 @@ def test_a_run_is_finished_only_once_its_last_step_is_exported(tmp_path):
     cfg.max_train_minutes = 1.0
     assert "budget of 1 min spent" in finished_run(cfg, Progress(step=10, train_seconds=61.0), 20)
     assert finished_run(cfg, Progress(step=10, train_seconds=59.0), 20) is None
+
+
+def test_a_fresh_start_names_its_folder_and_preset_and_a_replacement_says_so(tmp_path):
+    """Issue 29.4: every run that does not resume says where it starts from step 0 and with which preset."""
+    from types import SimpleNamespace
+
+    from adaptive.rundir import fresh_start_line
+
+    cfg = SimpleNamespace(output_dir=str(tmp_path / "runs" / "ddpm"), overwrite_output_dir=False, preset="ddpm-cifar10")
+    assert fresh_start_line(cfg) == f"no checkpoint in {tmp_path / 'runs' / 'ddpm'}: starting from step 0 (preset ddpm-cifar10)"
+    (tmp_path / "runs" / "ddpm" / "checkpoint-10").mkdir(parents=True)
+    cfg.overwrite_output_dir = True
+    assert fresh_start_line(cfg) == (f"--overwrite_output_dir: replacing the run in {tmp_path / 'runs' / 'ddpm'}, "
+                                     "starting from step 0 (preset ddpm-cifar10)")
