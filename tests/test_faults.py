@@ -306,6 +306,30 @@ def test_9_every_cli_refuses_abbreviated_flags():
         assert e.value.code == 2, module.__name__
 
 
+@pytest.mark.parametrize("module_name, base", [
+    ("train_accelerate", []), ("sample", ["--model_path", "m", "--output_dir", "o"]),
+    ("evaluate_fid", ["--samples", "s"]), ("reconstruct_ema", ["--run_dir", "r", "--sigma_rel", "0.1"])])
+@pytest.mark.parametrize("spelling", [["--hub_t", "s3cr3t-value"], ["--hubtoken", SECRET], [f"--hub_tok={SECRET}"],
+                                      ["--hub_token", SECRET], ["--api-key", "s3cr3t-value"], ["--whatever", SECRET],
+                                      ["--num_images", "3", "hf_PositionalSecret42"]])
+def test_30_8_argparse_errors_never_echo_a_token(module_name, base, spelling, capsys, monkeypatch):
+    """Issue 30, finding 8: a misspelled or unknown token flag is refused without its value in the error line."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    monkeypatch.setenv("HF_TOKEN", ENV_SECRET)
+    argv = [*base, *spelling, "--also_unknown", ENV_SECRET]
+    if module_name == "train_accelerate" and spelling[0] == "--hub_token":
+        argv = [*base, *spelling, "--num_im", ENV_SECRET]  # --hub_token is this CLI's own flag: another error
+    with pytest.raises(SystemExit) as e:
+        module.parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error:" in err, err
+    for secret in (SECRET, ENV_SECRET, "s3cr3t-value", "hf_PositionalSecret42"):
+        assert secret not in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_9_no_token_in_any_file_of_a_run(trained):
     run, _ = trained
