@@ -38,7 +38,7 @@ def saved_config(args) -> dict:
     """--config FILE, else when resuming the run's config.json (the checkpoint's, for a checkpoint path), else {}."""
     if args.config:
         path = Path(args.config).expanduser()
-    elif args.resume_from_checkpoint and args.resume_from_checkpoint.lower() not in ("none", "null"):
+    elif isinstance(args.resume_from_checkpoint, str) and args.resume_from_checkpoint.lower() not in ("none", "null"):
         ckpt = Path(args.resume_from_checkpoint).expanduser()
         path = ckpt / "config.json" if ckpt.is_dir() else Path(args.output_dir or "runs/ddpm") / "config.json"
         if not path.is_file():

@@ -77,11 +77,23 @@ def public_bytes(out: Path, rel: str) -> Optional[bytes]:
 
 
 def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
-    """Decide what to do with output_dir before anything is written; returns the checkpoint to resume from."""
+    """Decide what to do with output_dir before anything is written; returns the checkpoint to resume from. A run
+    left aside by an --overwrite_output_dir run that ended early is resolved first (`resolve_aside`)."""
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--output_dir {out} exists and is not a folder")
+    if (out / cfg.logging_dir).resolve() == out.resolve():
+        raise ConfigError(f"--logging_dir {cfg.logging_dir!r} is the output folder itself; name a folder inside it "
+                          "(default: logs)")
+    if out.is_dir():
+        resolve_aside(out, log)
     if not run_holds_training(out):
+        foreign = foreign_files(out)
+        if foreign and not cfg.overwrite_output_dir:
+            raise ConfigError(
+                f"--output_dir {out} is not a run folder and holds files ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); use a new --output_dir, or --overwrite_output_dir to train "
+                "there (only a run's own files are replaced)")
         if cfg.resume_from_checkpoint not in (None, "latest"):
             return resolve_resume(out, cfg.resume_from_checkpoint, log)
         return None
@@ -108,6 +120,14 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
             log(f"warning: resuming {ckpt.name} with changed settings, which apply from its step on: "
                 f"{', '.join(changed)}")
     return ckpt
+
+
+def foreign_files(out: Path) -> list[str]:
+    """Names in `out` other than the lock (sorted): in a folder that holds no run they are someone else's."""
+    if not out.is_dir():
+        return []
+    ours = {ARTIFACTS["lock"][0], ASIDE, ASIDE_PARTIAL}  # README.md, unet/ ... without a run are not a run's
+    return sorted(p.name for p in out.iterdir() if p.name not in ours)
 
 
 def lock_output_dir(out: Path, log):
@@ -146,29 +166,108 @@ def lock_holder(path: Path) -> Optional[int]:
     return None
 
 
-def clear_run(out: Path, logging_dir: str) -> None:
-    """Remove a previous run's artifacts and checkpoints from `out` (only with --overwrite_output_dir, once every
-    check has passed, right before training; the lock file stays: the running process holds it)."""
-    for p in list_checkpoints(out) + list(out.glob(".checkpoint-*.tmp")):
-        shutil.rmtree(p, ignore_errors=True)
-    inside = not Path(logging_dir).is_absolute() and ".." not in Path(logging_dir).parts
-    for path, _, _ in [*ARTIFACTS.values(), *([(logging_dir, False, False)] if inside else [])]:
-        if path == ARTIFACTS["lock"][0]:
-            continue
-        target = out / path
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
+# --overwrite_output_dir moves the replaced run's files into ASIDE_PARTIAL, then renames that to ASIDE (the commit
+# point), both inside the output folder (same file system: every move is a rename). The replaced run is deleted only
+# once the new run has written its first checkpoint; any end before that puts it back (`restore_aside`), in the
+# process or at the next start (`resolve_aside`).
+ASIDE, ASIDE_PARTIAL = ".replaced-run", ".replacing-run"
+MOVED = ".moved.json"  # in the aside folder: the paths moved, relative to the output folder
 
 
-def prepare_for_training(cfg: TrainConfig, resume_from: Optional[Path]) -> None:
-    """Right before training, every check passed (main process, lock held): clear a replaced run
-    (--overwrite_output_dir) and remove temporary folders of checkpoint writes that were killed or failed."""
+def run_files(out: Path, logging_dir: Optional[str] = None) -> list[str]:
+    """The run's files present in `out` (paths relative to it): checkpoints, temporary checkpoint folders, the
+    ARTIFACTS (the lock excepted) and --logging_dir where it lies inside `out`."""
+    out = Path(out)
+    paths = [p.name for p in list_checkpoints(out) + sorted(out.glob(".checkpoint-*.tmp"))]
+    paths += [path for name, (path, _, _) in ARTIFACTS.items() if name != "lock" and (out / path).exists()]
+    if logging_dir is not None:
+        logs, root = (out / logging_dir).resolve(), out.resolve()
+        if root in logs.parents and logs.exists():
+            rel = str(logs.relative_to(root))
+            if not any(rel == p or rel.startswith(p + os.sep) for p in paths):
+                paths.append(rel)
+    return paths
+
+
+def move_aside(out: Path, logging_dir: str) -> bool:
+    """Move the replaced run's files aside (main process, lock held); False when there was nothing to move."""
+    paths = run_files(out, logging_dir)
+    if not paths:
+        return False
+    partial = out / ASIDE_PARTIAL
+    partial.mkdir()
+    (partial / MOVED).write_text(json.dumps(paths))
+    for rel in paths:
+        (partial / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(out / rel, partial / rel)
+    os.rename(partial, out / ASIDE)
+    return True
+
+
+def restore_aside(out: Path) -> bool:
+    """Put a replaced run back (main process, lock held): the replacing run's files - it has no checkpoint - are
+    removed, the moved ones renamed back. False when nothing was aside."""
+    aside = next((out / name for name in (ASIDE, ASIDE_PARTIAL) if (out / name).is_dir()), None)
+    if aside is None:
+        return False
+    try:
+        moved = json.loads((aside / MOVED).read_text())
+    except (OSError, ValueError):  # killed before the list was written: nothing was moved yet
+        moved = []
+    if aside.name == ASIDE:  # the replacing run may have written some of its files
+        for rel in run_files(out) + [rel for rel in moved if (aside / rel).exists()]:
+            target = out / rel
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+    for rel in moved:
+        if (aside / rel).exists() and not (out / rel).exists():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.rename(aside / rel, out / rel)
+    shutil.rmtree(aside)
+    return True
+
+
+def discard_aside(out: Path) -> None:
+    """The new run wrote its first checkpoint: delete the run it replaced (main process)."""
+    if (out / ASIDE).is_dir():
+        shutil.rmtree(out / ASIDE)
+
+
+def resolve_aside(out: Path, log) -> None:
+    """At the start: a run left aside by an --overwrite_output_dir run that ended (was killed) before its first
+    checkpoint is put back; one left aside by a run that got its checkpoint is deleted. The launcher's rank 0 does it
+    under the folder's lock; the other ranks wait for it (at most a minute)."""
+    import time
+
+    if not ((out / ASIDE).is_dir() or (out / ASIDE_PARTIAL).is_dir()):
+        return
+    if int(os.environ.get("RANK", "0")) != 0:
+        deadline = time.monotonic() + 60
+        while ((out / ASIDE).is_dir() or (out / ASIDE_PARTIAL).is_dir()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return
+    lock = lock_output_dir(out, log)
+    try:
+        if (out / ASIDE).is_dir() and list_checkpoints(out):
+            discard_aside(out)
+            log(f"{out}: deleted the run replaced by --overwrite_output_dir (the new run has its checkpoint)")
+        elif restore_aside(out):
+            log(f"{out}: restored the run that an --overwrite_output_dir run ended before replacing (it wrote no "
+                "checkpoint)")
+    finally:
+        lock.close()
+
+
+def prepare_for_training(cfg: TrainConfig, resume_from: Optional[Path]) -> bool:
+    """Right before training, every check passed (main process, lock held): move a replaced run aside
+    (--overwrite_output_dir; deleted at the new run's first checkpoint) and remove temporary folders of checkpoint
+    writes that were killed or failed. True when a run was moved aside."""
     out = Path(cfg.output_dir)
-    if cfg.overwrite_output_dir and resume_from is None and run_holds_training(out):
-        clear_run(out, cfg.logging_dir)
+    moved = cfg.overwrite_output_dir and resume_from is None and move_aside(out, cfg.logging_dir)
     rotate(out, None)
+    return bool(moved)
 
 
 # ------------------------------------------------------------------------------------------------ provenance
@@ -387,7 +486,7 @@ def finish_uploads(uploader, cfg: TrainConfig, log, timeout: float) -> bool:
     return False
 
 
-__all__ = ["ARTIFACTS", "artifact", "card_for_repo", "check_output_dir", "clear_run", "connect_hub", "export_pipeline",
+__all__ = ["ARTIFACTS", "artifact", "card_for_repo", "check_output_dir", "connect_hub", "discard_aside", "export_pipeline",
            "finish_uploads", "finished_run", "git_commit", "hub_patterns", "load_pipeline", "lock_output_dir",
-           "pipeline_from_checkpoint", "prepare_for_training", "public_bytes", "rerun_command", "run_holds_training",
+           "pipeline_from_checkpoint", "prepare_for_training", "public_bytes", "resolve_aside", "restore_aside", "run_files", "rerun_command", "run_holds_training",
            "run_info", "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]

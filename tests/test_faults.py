@@ -105,12 +105,15 @@ def test_2_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path, image
     assert " step " in line and "nothing was saved from non-finite weights" in line
     assert not (run / "model_index.json").exists() and not (run / "export.json").exists()
     ckpts = list_checkpoints(run)
-    assert len(ckpts) == 1 and verify_checkpoint(ckpts[0]) is None, ckpts  # rotation kept the newest finite one
-    assert f"resume from {ckpts[0].name}" in line
-    for weights in (load_file(str(ckpts[0] / "model.safetensors")), load_ema_weights(ckpts[0])):
-        assert all(torch.isfinite(t).all() for t in weights.values())
+    # rotation kept the newest finite one and the newest before the loss left its range (issue 30: it may be older)
+    assert 1 <= len(ckpts) <= 2 and all(verify_checkpoint(c) is None for c in ckpts), ckpts
+    named = run / line.split("resume from ")[1].split(",")[0]
+    assert named in ckpts, line
+    for ckpt in ckpts:
+        for weights in (load_file(str(ckpt / "model.safetensors")), load_ema_weights(ckpt)):
+            assert all(torch.isfinite(t).all() for t in weights.values())
     step = int(line.split(" step ")[1].split()[0].strip("(),;"))
-    assert int(ckpts[0].name.split("-")[1]) < step <= 30
+    assert int(named.name.split("-")[1]) < step <= 30
 
 
 def assert_refused_untouched(tmp_path, capsys, flags, message):
@@ -268,6 +271,180 @@ def test_8_sigterm_during_start_up_or_the_final_export_stops_cleanly(tmp_path, i
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert json.loads((run / "export.json").read_text())["step"] == 2  # the export finished
+
+
+# ---------------------------------------------------------------------------------------------- issue 30: overwrite
+
+
+def fake_run(folder: Path) -> dict:
+    """A folder that holds a run (its config.json) and a user's file; its snapshot."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "notes.txt").write_text("mine")
+    return snapshot(folder)
+
+
+@pytest.mark.parametrize("logging_dir", [".", "", "./", "logs/.."])
+def test_30_1_a_logging_dir_that_is_the_output_folder_is_refused(tmp_path, capsys, logging_dir):
+    run = tmp_path / "run"
+    before = fake_run(run)
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", str(run), "--overwrite_output_dir", "--logging_dir",
+                     logging_dir], capsys)
+    assert code == 2
+    one_line_error(err, 2, "is the output folder itself")
+    assert snapshot(run) == before
+
+
+def test_30_4_a_folder_that_is_not_a_run_is_refused_naming_its_files(tmp_path, capsys, monkeypatch):
+    (tmp_path / "README.md").write_text("my project")
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "mine.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", ".", "--train_data_dir", "nowhere"], capsys)
+    assert code == 2
+    line = one_line_error(err, 2, "is not a run folder and holds files")
+    assert "README.md" in line and "unet" in line and "--overwrite_output_dir" in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_30_4_overwrite_in_a_folder_that_is_not_a_run_touches_only_run_files(tmp_path, image_folder):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "data").mkdir()
+    (out / "data" / "a.txt").write_text("mine too")
+    run_cli("train_accelerate.py", tiny_args(image_folder, out, "--overwrite_output_dir", "--max_train_steps", "1",
+                                             "--save_images_steps", "none"))
+    assert (out / "notes.txt").read_text() == "mine" and (out / "data" / "a.txt").read_text() == "mine too"
+    assert (out / "checkpoint-1").is_dir() and not (out / ".replaced-run").exists()
+
+
+def replaced_run(trained, tmp_path) -> tuple[Path, list[str], dict]:
+    """A copy of the finished run with a marker file among its samples, its arguments and its snapshot."""
+    run, args = fresh(trained, tmp_path)
+    (run / "samples").mkdir(exist_ok=True)
+    (run / "samples" / "old_run_marker.png").write_bytes(b"old")
+    return run, args, snapshot(run)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_30_3_a_failure_before_the_first_checkpoint_keeps_the_replaced_run(trained, tmp_path, mode):
+    run, args, before = replaced_run(trained, tmp_path)
+    new = [*args, "--overwrite_output_dir", "--max_train_steps", "3", "--checkpointing_steps", "3"]
+    proc = subprocess.run([sys.executable, "tests/helpers/fail_at_step.py", mode, "2", *new], cwd=ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    if mode == "raise":  # put back by the failing process itself
+        assert snapshot(run) == before, proc.stderr[-3000:]
+    else:  # killed with the old run aside: the next start puts it back (a finished run: nothing to train)
+        assert (run / ".replaced-run").is_dir()
+        done = run_cli("train_accelerate.py", [*args, "--resume_from_checkpoint", "latest"])
+        assert "restored the run" in done.stdout and "nothing to train" in done.stdout, done.stdout[-3000:]
+        assert snapshot(run) == before
+
+
+@pytest.mark.slow
+def test_30_2_a_signal_before_the_first_checkpoint_keeps_the_replaced_run(trained, tmp_path):
+    from test_resume import start, wait_for
+
+    run, args, before = replaced_run(trained, tmp_path)
+    proc = start([*args, "--overwrite_output_dir", "--max_train_steps", "5", "--checkpointing_steps", "5"])
+    lines = []
+    wait_for(lambda: lines.append(proc.stdout.readline()) or "data:" in lines[-1], proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "no checkpoint written" in out, out[-3000:]
+    assert snapshot(run) == before
+
+
+@pytest.mark.slow
+def test_30_2_the_replaced_run_goes_once_the_new_one_has_its_first_checkpoint(trained, tmp_path):
+    run, args, _ = replaced_run(trained, tmp_path)
+    run_cli("train_accelerate.py", [*args, "--overwrite_output_dir", "--max_train_steps", "1"])
+    assert not (run / ".replaced-run").exists() and not (run / "samples" / "old_run_marker.png").exists()
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-1"]
+
+
+# ---------------------------------------------------------------------------------------------- issue 30: divergence
+
+
+def max_abs_weight(ckpt: Path) -> float:
+    return max(t.abs().max().item() for t in load_file(str(ckpt / "model.safetensors")).values())
+
+
+def test_30_6_the_loss_range_guard_fires_on_a_blow_up_only():
+    from adaptive.session import LossRange
+
+    healthy = LossRange()  # large early losses falling, with noise: never out of range
+    for step, loss in enumerate([1.0, 0.9, 0.95, 0.6, 0.4, 0.5, 0.2, 0.3, 0.1, 0.25, 0.08, 0.12, 0.05, 0.2], 1):
+        assert healthy.observe(step, loss) is None and healthy.protected() == step - 1
+    blown = LossRange()
+    for step, loss in enumerate([1.0, 0.8, 0.7, 0.6, 0.5, 0.45, 5e3, 2e4, 1e9, float("nan")], 1):
+        blown.observe(step, loss)
+        if step >= 7:
+            assert blown.protected() == 5 and blown.left_at == 7, step  # the window of step 6 vouched for step 5
+
+
+@pytest.mark.slow
+def test_30_6_a_finite_blow_up_never_rotates_out_the_last_checkpoint_before_it(tmp_path, image_folder):
+    run = tmp_path / "run"
+    common = ["--checkpointing_steps", "1", "--checkpoints_total_limit", "1", "--logging_steps", "1",
+              "--save_images_steps", "none", "--lr_warmup_steps", "0"]
+    run_cli("train_accelerate.py", tiny_args(image_folder, run, *common, "--learning_rate", "1e-3",
+                                             "--max_train_steps", "8"))
+    assert [c.name for c in list_checkpoints(run)] == ["checkpoint-8"]
+    healthy = max_abs_weight(run / "checkpoint-8")
+    proc = run_cli("train_accelerate.py", tiny_args(
+        image_folder, run, *common, "--learning_rate", "1e6", "--max_grad_norm", "1", "--max_train_steps", "14",
+        "--resume_from_checkpoint", "latest"), check=False)
+    assert proc.returncode in (0, 4), proc.stderr[-3000:]
+    assert "the loss left its running range at step 10" in proc.stdout, proc.stdout[-3000:]
+    ckpts = list_checkpoints(run)
+    assert run / "checkpoint-8" in ckpts and verify_checkpoint(run / "checkpoint-8") is None, ckpts
+    assert max_abs_weight(run / "checkpoint-8") == healthy and max_abs_weight(ckpts[-1]) > 1e3 * healthy
+    if proc.returncode == 4:
+        assert "resume from checkpoint-8, the newest checkpoint before the loss left its range" in proc.stderr
+
+
+@pytest.mark.slow
+def test_30_6_a_healthy_run_with_large_early_losses_never_trips_the_guard(tmp_path, image_folder):
+    run = tmp_path / "run"
+    proc = run_cli("train_accelerate.py", tiny_args(
+        image_folder, run, "--checkpointing_steps", "1", "--checkpoints_total_limit", "1", "--logging_steps", "1",
+        "--save_images_steps", "none", "--lr_warmup_steps", "0", "--learning_rate", "2e-3", "--max_train_steps", "30"))
+    losses = [json.loads(l)["loss"] for l in (run / "stats.jsonl").read_text().splitlines() if '"lr"' in l]
+    assert max(losses[:3]) > 5 * min(losses), losses  # large early losses, falling
+    assert "left its running range" not in proc.stdout
+    assert [c.name for c in list_checkpoints(run)] == ["checkpoint-30"]  # the limit holds once vouched for
+
+
+# ---------------------------------------------------------------------------------------------- issue 30: one line
+
+
+def test_30_9_resume_from_checkpoint_none_starts_without_resuming(tmp_path, capsys):
+    from train_accelerate import main
+
+    code = main(["--preset", "cpu-tiny16", "--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "none",
+                 "--print_config"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["resume_from_checkpoint"] is None
+
+
+@pytest.mark.slow
+def test_30_10_sighup_stops_like_sigterm_with_a_checkpoint(tmp_path, image_folder):
+    from test_resume import start, wait_for
+
+    run = tmp_path / "run"
+    proc = start(tiny_args(image_folder, run, "--max_train_steps", "5", "--save_images_steps", "none"))
+    lines = []
+    wait_for(lambda: lines.append(proc.stdout.readline()) or "data:" in lines[-1], proc=proc)
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "received SIGHUP" in out and (run / "checkpoint-1").is_dir()
 
 
 # ---------------------------------------------------------------------------------------------- leaks
