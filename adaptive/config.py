@@ -43,7 +43,7 @@ class TrainConfig:
     # --- run ---
     preset: str = "ddpm-cifar10"  # named preset that fills every flag not given (see PRESETS)
     output_dir: str = "runs/ddpm"  # run folder: config.json, stats.jsonl, checkpoint-*/, samples/, exported pipeline
-    overwrite_output_dir: bool = False  # replace a different run already in output_dir (cleared only once everything else checked out, right before training)
+    overwrite_output_dir: bool = False  # replace the run in output_dir (or train into a folder holding other files): its files are moved aside right before training and deleted at the new run's first checkpoint
     seed: int = 0  # base seed; data order, noise, timesteps and dropout derive from (seed, rank, step)
 
     # --- data ---
