@@ -22,7 +22,7 @@ import torch
 from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, describe_changes, find_latest, incompatible_keys,
                          list_checkpoints, resolve_resume, rotate)
 from .config import SECRET_FIELDS, ConfigError, TrainConfig
-from .faults import writing
+from .faults import check_output_path, writing
 
 # name -> (path in output_dir, uploaded to the Hub, marks a run).  The logs folder is --logging_dir.
 ARTIFACTS: dict[str, tuple[str, bool, bool]] = {
@@ -80,8 +80,8 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
     """Decide what to do with output_dir before anything is written; returns the checkpoint to resume from. A run
     left aside by an --overwrite_output_dir run that ended early is resolved first (`resolve_aside`)."""
     out = Path(cfg.output_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--output_dir {out} exists and is not a folder")
+    check_output_path(out, "--output_dir")
+    check_output_path(out / cfg.logging_dir, "--logging_dir")
     if (out / cfg.logging_dir).resolve() == out.resolve():
         raise ConfigError(f"--logging_dir {cfg.logging_dir!r} is the output folder itself; name a folder inside it "
                           "(default: logs)")

@@ -433,6 +433,71 @@ def test_30_9_resume_from_checkpoint_none_starts_without_resuming(tmp_path, caps
     assert code == 0 and json.loads(capsys.readouterr().out)["resume_from_checkpoint"] is None
 
 
+def test_30_9_an_output_path_name_over_255_bytes_is_one_line(tmp_path, capsys):
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", str(tmp_path / ("x" * 300) / "run")], capsys)
+    assert code == 2
+    one_line_error(err, 2, "over the file system's 255")
+    assert list(tmp_path.iterdir()) == []
+
+
+def cli_of(module_name: str, argv, capsys) -> tuple[int, str]:
+    import importlib
+
+    code = importlib.import_module(module_name).main(argv)
+    return code, capsys.readouterr().err
+
+
+def test_30_9_sample_and_evaluate_refuse_an_output_of_the_wrong_kind(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    for argv, message in [(["--model_path", "m", "--output_dir", str(a_file)], "exists and is not a folder"),
+                          (["--model_path", "m", "--output_dir", str(a_file / "out")], "is a file, not a folder")]:
+        code, err = cli_of("sample", argv, capsys)
+        assert code == 2
+        one_line_error(err, 2, message)
+    code, err = cli_of("evaluate_fid", ["--samples", str(tmp_path), "--output", str(tmp_path)], capsys)
+    assert code == 2
+    one_line_error(err, 2, "--output")
+    assert a_file.read_text() == "mine"
+
+
+def test_30_9_evaluate_scores_two_or_three_images_without_precision_recall():
+    import numpy as np
+
+    from evaluate_fid import score
+
+    rng = np.random.default_rng(0)
+    ref_feats = rng.normal(size=(20, 2))
+    ref = {"name": "r", "mu": ref_feats.mean(0), "sigma": np.cov(ref_feats, rowvar=False), "feats": ref_feats}
+    for n in (2, 3):
+        out = score(rng.normal(size=(n, 2)), ref, "fd")
+        assert np.isfinite(out["fd"]) and out["precision"] is None and "need at least 4" in out["null_reasons"]["recall"]
+
+
+def test_30_9_reconstruct_ema_bad_output_config_or_snapshot_is_one_line(tmp_path, capsys):
+    from adaptive.config import TrainConfig
+
+    run = tmp_path / "run"
+    (run / "ema_snapshots").mkdir(parents=True)
+    snapshot_file = run / "ema_snapshots" / "step-000000002-std-0.0500.safetensors"
+    snapshot_file.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{trunc")  # a truncated safetensors file
+    (run / "config.json").write_text(TrainConfig().to_json())
+    base = ["--run_dir", str(run), "--sigma_rel", "0.05"]
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    code, err = cli_of("reconstruct_ema", [*base, "--output_dir", str(a_file)], capsys)
+    assert code == 2
+    one_line_error(err, 2, "exists and is not a folder")
+    code, err = cli_of("reconstruct_ema", [*base, "--output_dir", str(tmp_path / "out")], capsys)
+    assert code == 2
+    one_line_error(err, 2, "cannot rebuild the EMA from the snapshots")
+    (run / "config.json").write_text('{"block_out_channels": 5')
+    code, err = cli_of("reconstruct_ema", [*base, "--output_dir", str(tmp_path / "out")], capsys)
+    assert code == 2
+    one_line_error(err, 2, "config.json is not a run's config")
+    assert a_file.read_text() == "mine" and not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_30_10_sighup_stops_like_sigterm_with_a_checkpoint(tmp_path, image_folder):
     from test_resume import start, wait_for
