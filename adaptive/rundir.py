@@ -260,13 +260,58 @@ def resolve_aside(out: Path, log) -> None:
         lock.close()
 
 
-def prepare_for_training(cfg: TrainConfig, resume_from: Optional[Path]) -> bool:
+def set_branch_aside(out: Path, resume_from: Path, log) -> Optional[Path]:
+    """Resuming a checkpoint of `out` that is not its newest makes it the timeline: the newer checkpoints, an export of
+    a later step and the stats.jsonl rows after it move into `abandoned-after-<step>/` (kept, not deleted), so
+    `latest` can never return to the abandoned branch. Returns that folder (None: nothing newer)."""
+    step = checkpoint_step(resume_from)
+    if step is None or resume_from.resolve().parent != out.resolve():
+        return None
+    newer = [c for c in list_checkpoints(out) if checkpoint_step(c) > step]
+    try:
+        export_step = json.loads(artifact(out, "export_record").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        export_step = None
+    export = [path for name in ("model_index", "unet", "scheduler", "model_card", "export_record")
+              for path in [ARTIFACTS[name][0]] if (out / path).exists()] \
+        if export_step is not None and export_step > step else []
+    if not newer and not export:
+        return None
+    aside, n = out / f"abandoned-after-{step}", 1
+    while aside.exists():
+        n += 1
+        aside = out / f"abandoned-after-{step}-{n}"
+    aside.mkdir()
+    for path in [c.name for c in newer] + export:
+        os.rename(out / path, aside / path)
+    stats = artifact(out, "stats")
+    if stats.exists():
+        cut = [line for line in stats.read_text().splitlines() if _record_step(line) > step]
+        (aside / stats.name).write_text("".join(line + "\n" for line in cut))
+    log(f"resuming {resume_from.name}, not the newest: the newer timeline ({', '.join([c.name for c in newer] + export)}"
+        f" and the stats.jsonl rows after step {step}) is moved aside to {aside}")
+    return aside
+
+
+def _record_step(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, TypeError, AttributeError):
+        return 0
+
+
+def prepare_for_training(cfg: TrainConfig, resume_from: Optional[Path], log=print) -> bool:
     """Right before training, every check passed (main process, lock held): move a replaced run aside
-    (--overwrite_output_dir; deleted at the new run's first checkpoint) and remove temporary folders of checkpoint
-    writes that were killed or failed. True when a run was moved aside."""
+    (--overwrite_output_dir; deleted at the new run's first checkpoint) or the abandoned branch of a resumed older
+    checkpoint (kept), and remove temporary folders of checkpoint writes that were killed or failed. True when a
+    replaced run was moved aside."""
     out = Path(cfg.output_dir)
+    if resume_from is not None:
+        set_branch_aside(out, Path(resume_from), log)
     moved = cfg.overwrite_output_dir and resume_from is None and move_aside(out, cfg.logging_dir)
     rotate(out, None)
+    for stale in (EXPORT_TMP, EXPORT_OLD):  # an export killed while being written or swapped in
+        shutil.rmtree(out / stale, ignore_errors=True)
     return bool(moved)
 
 
@@ -359,20 +404,50 @@ def git_commit() -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ export, Hub
 
 
+EXPORT_TMP, EXPORT_OLD = ".export.tmp", ".export.old"  # an export being written; the one it replaces, being swapped
+
+
 def export_pipeline(cfg: TrainConfig, unet, noise_scheduler, progress, info: dict,
                     metrics: Optional[dict] = None) -> None:
     """DDPMPipeline(unet=EMA U-Net, scheduler).save_pretrained(output_dir) in safetensors, with a model card
-    (main process only)."""
+    (main process only). Written into .export.tmp/ and swapped into place with the signals held (milliseconds), so an
+    export interrupted at any point (a second Ctrl-C, a full disk) leaves the previous export whole."""
     from diffusers import DDPMPipeline
 
-    from .model_card import write_model_card
+    from .model_card import build_model_card
 
     out = Path(cfg.output_dir)
+    tmp = out / EXPORT_TMP
     with writing(f"the pipeline of step {progress.step}", out, "checkpoints are unaffected"):
-        DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(out, safe_serialization=True)
-        write_model_card(out, cfg, progress, info, metrics, repo_id=info.get("hub_repo_id"))
-        # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
-        artifact(out, "export_record").write_text(json.dumps({"step": progress.step, "metrics": metrics}, indent=2))
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(tmp, safe_serialization=True)
+            build_model_card(out, cfg, progress, info, metrics, info.get("hub_repo_id")).save(tmp / "README.md")
+            # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
+            (tmp / ARTIFACTS["export_record"][0]).write_text(json.dumps({"step": progress.step, "metrics": metrics},
+                                                                        indent=2))
+            swap_in(out, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swap_in(out: Path, tmp: Path) -> None:
+    """Move every entry of `tmp` into `out`, replacing what is there, with the stop signals held until done."""
+    import signal
+
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1}
+    old = out / EXPORT_OLD
+    shutil.rmtree(old, ignore_errors=True)
+    old.mkdir()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        for entry in sorted(tmp.iterdir(), key=lambda p: p.name == ARTIFACTS["export_record"][0]):  # the record last
+            if (out / entry.name).exists():
+                os.rename(out / entry.name, old / entry.name)
+            os.rename(entry, out / entry.name)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def card_for_repo(cfg: TrainConfig, progress, repo_id: str) -> None:

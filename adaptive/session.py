@@ -139,7 +139,7 @@ def start_session(run: Run, resume_from: Optional[Path], log, control: StopContr
 
         evaluator = InTrainingEvaluator(cfg, acc, run.data.images, log)
     if is_main:
-        prepare_for_training(cfg, resume_from)  # a replaced run moved aside (put back if this run ends before its
+        prepare_for_training(cfg, resume_from, log)  # a replaced run moved aside (put back if this run ends before its
         # first checkpoint: `restore_replaced_run`, `checkpoint`)
     stats_file = JsonlWriter(artifact(out, "stats"), is_main)
     loss_range = LossRange()

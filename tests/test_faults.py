@@ -369,6 +369,23 @@ def test_30_2_the_replaced_run_goes_once_the_new_one_has_its_first_checkpoint(tr
     assert [p.name for p in list_checkpoints(run)] == ["checkpoint-1"]
 
 
+@pytest.mark.slow
+def test_30_5_resuming_an_older_checkpoint_moves_the_newer_timeline_aside(trained, tmp_path):
+    run, args = fresh(trained, tmp_path)  # checkpoint-1, checkpoint-2, the export of step 2
+    old_rows = [l for l in (run / "stats.jsonl").read_text().splitlines() if json.loads(l)["step"] > 1]
+    old_weights = (run / "checkpoint-2" / "model.safetensors").read_bytes()
+    proc = run_cli("train_accelerate.py", [*args, "--resume_from_checkpoint", str(run / "checkpoint-1"),
+                                           "--learning_rate", "1e-3"])
+    assert "not the newest" in proc.stdout and "moved aside" in proc.stdout, proc.stdout[-3000:]
+    aside = run / "abandoned-after-1"
+    assert (aside / "checkpoint-2" / "model.safetensors").read_bytes() == old_weights
+    assert json.loads((aside / "export.json").read_text())["step"] == 2
+    assert (aside / "stats.jsonl").read_text().splitlines() == old_rows
+    steps = [json.loads(l)["step"] for l in (run / "stats.jsonl").read_text().splitlines() if '"lr"' in l]
+    assert steps == sorted(set(steps)), steps  # one timeline: every log step once
+    assert (run / "checkpoint-2" / "model.safetensors").read_bytes() != old_weights  # the new branch's, with its lr
+
+
 # ---------------------------------------------------------------------------------------------- issue 30: divergence
 
 
@@ -496,6 +513,61 @@ def test_30_9_reconstruct_ema_bad_output_config_or_snapshot_is_one_line(tmp_path
     assert code == 2
     one_line_error(err, 2, "config.json is not a run's config")
     assert a_file.read_text() == "mine" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_30_10_latest_without_the_runs_config_json_takes_its_newest_checkpoints(trained, tmp_path, capsys, image_folder):
+    run, _ = fresh(trained, tmp_path)
+    (run / "config.json").unlink()
+    code = main_of_train(["--output_dir", str(run), "--train_data_dir", str(image_folder), "--resume_from_checkpoint",
+                          "latest"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "nothing to train" in out and "different model" not in err, err
+
+
+def main_of_train(argv) -> int:
+    from train_accelerate import main
+
+    return main(argv)
+
+
+@pytest.mark.slow
+def test_30_10_a_missing_eval_ref_dir_is_named_as_such(tmp_path, capsys, image_folder):
+    from conftest import write_pooled_features
+
+    feats = write_pooled_features(tmp_path / "feat.pt")
+    code, err = cli(tiny_args(image_folder, tmp_path / "run", "--max_train_steps", "1", "--eval_steps", "1",
+                              "--eval_feature_extractor", str(feats), "--eval_ref_dir", str(tmp_path / "nowhere")),
+                    capsys)
+    assert code == 2
+    one_line_error(err, 2, f"--eval_ref_dir {tmp_path / 'nowhere'} does not exist")
+
+
+@pytest.mark.slow
+def test_30_9_a_second_ctrl_c_during_an_export_stops_at_once_keeping_the_previous_export(tmp_path, image_folder):
+    from test_resume import wait_for
+
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "tests/helpers/interrupted_export_train.py", "60",
+                             *tiny_args(image_folder, run, "--max_train_steps", "2", "--save_model_steps", "1",
+                                        "--save_images_steps", "none")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    wait_for(lambda: lines.append(proc.stdout.readline()) or "EXPORTING" in lines[-1], timeout=300, proc=proc)
+    before = snapshot(run)
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert time.time() - t0 < 30 and proc.returncode == 130, (proc.returncode, err[-3000:])
+    one_line_error(err, 130, "interrupted by a second Ctrl-C")
+    assert json.loads((run / "export.json").read_text())["step"] == 1  # the previous export, whole
+    exported = {k: v for k, v in snapshot(run).items() if k.split("/")[0] in ("unet", "scheduler", "model_index.json",
+                                                                            "README.md", "export.json")}
+    assert exported == {k: v for k, v in before.items() if k in exported} and "model_index.json" in exported
+    assert not (run / ".export.tmp").exists() and not (run / ".export.old").exists()
 
 
 @pytest.mark.slow
