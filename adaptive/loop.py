@@ -182,6 +182,8 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
                 save_snapshots(run)
             grid = preview(run, session, sampling_unet)
             publish(run, session, sampling_unet, f"final pipeline at step {progress.step}", grid)
+            if cfg.checkpoints_total_limit and acc.is_main_process and session.loss_range.left_at is None:
+                rotate(Path(cfg.output_dir), cfg.checkpoints_total_limit)  # finished in range: the limit holds exactly
         summary = end(run, session, "preempted" if preempted else None)
         if session.replacing:  # stopped by a signal before the first checkpoint
             restore_replaced_run(cfg, log)
