@@ -262,8 +262,10 @@ def diverged(run: Run, session: Session, what: str) -> Diverged:
     ckpts = [p for p in list_checkpoints(Path(run.cfg.output_dir))
              if protect is None or checkpoint_step(p) <= protect][-1:]
     which = "the newest checkpoint" if protect is None else "the newest checkpoint before the loss left its range"
+    after = " (every checkpoint was taken after the loss left its range)" \
+        if protect is not None and list_checkpoints(Path(run.cfg.output_dir)) else ""
     return Diverged(f"training diverged: {what}; nothing was saved from non-finite weights; "
-                    + (f"resume from {ckpts[0].name}, {which}, " if ckpts else "restart ")
+                    + (f"resume from {ckpts[0].name}, {which}, " if ckpts else f"restart{after} ")
                     + "with a lower --learning_rate or gradient clipping (--max_grad_norm)")
 
 
