@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from adaptive.config import ConfigError, OneLineParser, fill_like_run, like_run_help, load_run_config
-from adaptive.faults import run_cli
+from adaptive.faults import check_output_path, run_cli
 
 CLEAN_FID_REFS = {"cifar10-train": ("cifar10", 32, "train"), "cifar10-test": ("cifar10", 32, "test")}
 PR_SEED = 0  # the equal-size precision/recall subsets
@@ -111,6 +111,8 @@ def check_args(args) -> None:
             raise ConfigError(f"--{name} must be at least 1 (got {getattr(args, name)})")
     if args.ref_num_images is not None and args.ref_num_images < 2:
         raise ConfigError(f"--ref_num_images must be at least 2 (got {args.ref_num_images})")
+    check_output_path(Path(args.output).expanduser() if args.output else default_output(args.samples), "--output",
+                      folder=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -254,6 +256,10 @@ def score(feats: np.ndarray, ref: dict, metric: str) -> dict:
         return out
     out["kid"] = kernel_inception_distance(feats, ref_feats)
     n = min(len(feats), len(ref_feats))  # precision/recall on equal-size sets
+    if n <= PR_K:  # the k-th nearest neighbour other than the point itself needs k + 1 points
+        out["null_reasons"] = {k: f"{n} images: precision/recall (k={PR_K}) need at least {PR_K + 1}"
+                               for k in ("precision", "recall")}
+        return out
     rng = np.random.default_rng(PR_SEED)
     real = ref_feats[np.sort(rng.choice(len(ref_feats), n, replace=False))]
     fake = feats[np.sort(rng.choice(len(feats), n, replace=False))]

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser, TrainConfig
-from adaptive.faults import run_cli
+from adaptive.faults import check_output_path, run_cli
 
 
 def parse_args(argv=None):
@@ -44,10 +44,18 @@ def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path) -> dict:
         raise ConfigError(f"no snapshots in {run_dir / 'ema_snapshots'} (train with --ema_snapshots 0.05 0.10)")
     if at_step is not None and at_step < min(s["step"] for s in snaps):
         raise ConfigError(f"--at_step {at_step} is before the first snapshot (step {min(s['step'] for s in snaps)})")
-    cfg = TrainConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
-    state, coef = reconstruct(snaps, sigma_rel, at_step)
-    unet = build_unet(cfg)
-    unet.load_state_dict(state)
+    try:
+        cfg = TrainConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"--run_dir {run_dir}: config.json is not a run's config ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    try:
+        state, coef = reconstruct(snaps, sigma_rel, at_step)
+        unet = build_unet(cfg)
+        unet.load_state_dict(state)
+    except Exception as e:  # safetensors, torch and numpy raise many types for a damaged or foreign snapshot
+        raise ConfigError(f"cannot rebuild the EMA from the snapshots in {run_dir / 'ema_snapshots'}: "
+                          f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
     DDPMPipeline(unet=unet, scheduler=build_noise_scheduler(cfg)).save_pretrained(output_dir, safe_serialization=True)
     info = {"sigma_rel": sigma_rel, "at_step": at_step or max(s["step"] for s in snaps), "num_snapshots": len(coef),
             "coefficients": [float(c) for c in coef]}
@@ -80,6 +88,7 @@ def output_folders(args, run_dir: Path) -> list[Path]:
     outs = [Path(args.output_dir) if args.output_dir and len(args.sigma_rel) == 1 else
             Path(args.output_dir or run_dir) / f"phema-{s:.3f}" for s in args.sigma_rel]
     for out in outs:
+        check_output_path(out, "--output_dir")
         own = out.resolve() == run_dir.resolve()
         if (own or (out / "model_index.json").exists()) and not args.overwrite:
             what = "is the run folder (its exported pipeline would be replaced)" if own else "already holds a pipeline"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from adaptive.config import CHOICES, ConfigError, OneLineParser, fill_like_run, like_run_help, load_run_config
-from adaptive.faults import run_cli
+from adaptive.faults import check_output_path, run_cli
 from adaptive.attention import configure_attention
 
 GRID_IMAGES = 64
@@ -84,6 +84,7 @@ def check_args(args) -> None:
             raise ConfigError(f"--{name} must be at least 1 (got {getattr(args, name)})")
     if args.seed_offset < 0:
         raise ConfigError(f"--seed_offset must be >= 0 (got {args.seed_offset})")
+    check_output_path(Path(args.output_dir), "--output_dir")
 
 
 def load_pipeline(model_path: str, weights: str = "ema"):

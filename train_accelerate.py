@@ -10,7 +10,8 @@ saved config.json (flags given override it; model/objective changes are refused)
 config; --print_config prints the resolved config and exits.
 Exit status: 0 done (or stopped by a signal / the budget, checkpoint written); 2 bad input (one line on stderr); 3
 trained and saved locally, but the final --push_to_hub upload did not reach the Hub (the printed command retries it);
-4 training diverged, 5 disk full, 6 lost a peer rank, 7 a launch that formed no process group (adaptive/faults.py).
+4 training diverged, 5 disk full, 6 lost a peer rank, 7 a launch that formed no process group (adaptive/faults.py);
+130 a second Ctrl-C (stopped at once, the newest checkpoint and the previous export intact).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def saved_config(args) -> dict:
     """--config FILE, else when resuming the run's config.json (the checkpoint's, for a checkpoint path), else {}."""
     if args.config:
         path = Path(args.config).expanduser()
-    elif args.resume_from_checkpoint and args.resume_from_checkpoint.lower() not in ("none", "null"):
+    elif isinstance(args.resume_from_checkpoint, str) and args.resume_from_checkpoint.lower() not in ("none", "null"):
         ckpt = Path(args.resume_from_checkpoint).expanduser()
         path = ckpt / "config.json" if ckpt.is_dir() else Path(args.output_dir or "runs/ddpm") / "config.json"
+        if not path.is_file() and not ckpt.is_dir():  # the run's own config.json deleted: its newest checkpoint's
+            path = newest_checkpoint_config(path.parent) or path
         if not path.is_file():
             return {}  # nothing to continue yet: a new run with this command
     else:
@@ -51,10 +54,21 @@ def saved_config(args) -> dict:
         raise ConfigError(f"cannot read the config {path} ({type(e).__name__})") from None
 
 
+def newest_checkpoint_config(out: Path):
+    """config.json of the newest checkpoint-<step> folder in `out` that has one, or None."""
+    steps = [(int(p.name[len("checkpoint-"):]), p) for p in out.glob("checkpoint-*")
+             if p.name[len("checkpoint-"):].isdigit()]
+    return next((p / "config.json" for _, p in sorted(steps, reverse=True) if (p / "config.json").is_file()), None)
+
+
 def main(argv=None) -> int:
     control = StopControl()  # first, before torch is imported: SIGTERM during start-up or export stops cleanly
     try:
         return run_cli("train_accelerate.py", lambda: _train(argv, control))
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once (an export being written is dropped, not half-done)
+        print("train_accelerate.py: error: interrupted by a second Ctrl-C: stopped at once; the newest checkpoint and "
+              "the previous export are intact; rerun with --resume_from_checkpoint latest", file=sys.stderr)
+        return 130
     except Exception as e:
         lost = lost_peer(e)  # this rank's own view of a peer that ended or hung (not a bug here: no traceback)
         if lost is None:

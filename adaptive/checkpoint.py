@@ -275,8 +275,10 @@ def read_config(folder: Path) -> dict:
     return json.loads((Path(folder) / CONFIG_FILE).read_text())
 
 
-def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, total_limit: Optional[int] = None) -> Path:
-    """Every rank calls this. Writes checkpoint-<step> atomically and keeps the newest `total_limit`. A failed write
+def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, total_limit: Optional[int] = None,
+                    protect: Optional[int] = None) -> Path:
+    """Every rank calls this. Writes checkpoint-<step> atomically and keeps the newest `total_limit` (and the one
+    `rotate` protects). A failed write
     (DiskFull when the disk is full) raises on every rank and leaves no partial folder; older checkpoints are kept."""
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
@@ -306,7 +308,7 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, tota
                 os.replace(tmp, final)
                 _fsync_dir(output_dir)
                 if total_limit is not None:
-                    rotate(output_dir, total_limit)
+                    rotate(output_dir, total_limit, protect)
             except Exception as e:
                 error = e
         agree(accelerator, error)
@@ -317,17 +319,20 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, tota
     return final
 
 
-def rotate(output_dir: Path, keep: Optional[int]) -> None:
+def rotate(output_dir: Path, keep: Optional[int], protect: Optional[int] = None) -> None:
     """Delete stale temporary folders (a write that was killed or failed) and the oldest complete checkpoints beyond
-    `keep` (None: keep all). Called after every checkpoint and once at the start of a run (main process, which holds
-    the output folder's lock, so no other writer's temporary folder is live)."""
+    `keep` (None: keep all), except the newest one at or before step `protect` (the last before a blow-up:
+    session.LossRange). Called after every checkpoint and once at the start of a run (main process, which holds the
+    output folder's lock, so no other writer's temporary folder is live)."""
     for stale in Path(output_dir).glob(".checkpoint-*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
     if keep is None:
         return
     valid = [p for p in list_checkpoints(output_dir) if verify_checkpoint(p, full=False) is None]
+    kept = [p for p in valid if protect is not None and checkpoint_step(p) <= protect][-1:]
     for old in valid[: max(0, len(valid) - keep)]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old not in kept:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(accelerator, folder: Path) -> None:

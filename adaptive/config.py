@@ -15,7 +15,9 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 import re
+import sys
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -41,7 +43,7 @@ class TrainConfig:
     # --- run ---
     preset: str = "ddpm-cifar10"  # named preset that fills every flag not given (see PRESETS)
     output_dir: str = "runs/ddpm"  # run folder: config.json, stats.jsonl, checkpoint-*/, samples/, exported pipeline
-    overwrite_output_dir: bool = False  # replace a different run already in output_dir (cleared only once everything else checked out, right before training)
+    overwrite_output_dir: bool = False  # replace the run in output_dir (or train into a folder holding other files): its files are moved aside right before training and deleted at the new run's first checkpoint
     seed: int = 0  # base seed; data order, noise, timesteps and dropout derive from (seed, rank, step)
 
     # --- data ---
@@ -296,8 +298,37 @@ class OneLineParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)  # what error() scrubs secrets from
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):  # noqa: D401
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {scrub_secrets(message, getattr(self, '_argv', []))}\n")
+
+
+_SECRET_WORDS = ("tok", "secret", "passw", "apikey", "api_key", "auth")
+_HF_TOKEN = re.compile(r"(?<![\w-])hf_[\w-]*")
+
+
+def looks_secret(flag: str) -> bool:
+    """A flag (however misspelled or abbreviated) that may carry a secret: --hub_token, --hub_t, --hubtoken, --api-key."""
+    name = flag.lstrip("-").lower().replace("-", "_")
+    return any(w in name for w in _SECRET_WORDS) or any(len(name) >= 3 and f.startswith(name) for f in SECRET_FIELDS)
+
+
+def scrub_secrets(message: str, argv) -> str:
+    """`message` (an argparse error, which may echo arguments) with the values of secret-looking flags, any value
+    beginning `hf_` and $HF_TOKEN replaced by ***."""
+    values = {os.environ.get("HF_TOKEN", "").strip()}
+    argv = list(argv)
+    for i, a in enumerate(argv):
+        if a.startswith("-"):
+            flag, eq, value = a.partition("=")
+            if looks_secret(flag):
+                values.add(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
+    for v in sorted((v for v in values if v), key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){re.escape(v)}(?![\w-])", "***", message)
+    return _HF_TOKEN.sub("***", message)
 
 
 def _base_type(tp):

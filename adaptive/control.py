@@ -1,4 +1,5 @@
-"""When to stop: preemption signals (SIGTERM, SIGUSR1, first Ctrl-C) and the wall-clock budget, agreed by all ranks.
+"""When to stop: preemption signals (SIGTERM, SIGUSR1, SIGHUP - a closed terminal -, first Ctrl-C) and the wall-clock
+budget, agreed by all ranks.
 
 Ranks see signals and clocks at slightly different moments, so the decision is all-reduced (MAX) on a CPU (gloo)
 process group, asynchronously: the flag sent at step s is read at step s+1. Every rank therefore stops after the
@@ -18,7 +19,7 @@ from typing import Optional
 
 
 class StopControl:
-    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)):
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)):
         """Install the signal handlers (cheap: no torch); `attach` adds the ranks and the budget once they exist."""
         self.world_size = 1
         self.budget_seconds: Optional[float] = None

@@ -152,18 +152,19 @@ class ArrayEntries(ImageEntries):
         return Image.fromarray(self.array[i])
 
 
-def open_entries(cfg: TrainConfig) -> ImageEntries:
-    """The configured source as ImageEntries; raises ConfigError with a one-line reason."""
+def open_entries(cfg: TrainConfig, flag: str = "--train_data_dir") -> ImageEntries:
+    """The configured source as ImageEntries; raises ConfigError with a one-line reason (naming `flag`, the flag that
+    gave cfg.train_data_dir)."""
     if cfg.train_data_dir:
         path = Path(cfg.train_data_dir).expanduser()
         if not path.exists():
-            raise ConfigError(f"--train_data_dir {path} does not exist")
+            raise ConfigError(f"{flag} {path} does not exist")
         if path.is_dir():
             entries: ImageEntries = FolderEntries(path)
         elif zipfile.is_zipfile(path):
             entries = ZipEntries(path)
         else:
-            raise ConfigError(f"--train_data_dir {path} is neither a folder nor a .zip of images")
+            raise ConfigError(f"{flag} {path} is neither a folder nor a .zip of images")
         if len(entries) == 0:
             raise ConfigError(
                 f"no images in {entries.description} (expected {'/'.join(e[1:] for e in IMAGE_EXTENSIONS[:4])} "

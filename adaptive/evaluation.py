@@ -30,7 +30,8 @@ def training_reference(cfg: TrainConfig, featnet: FeatureNet, train_images: Opti
         mu, sigma = clean_fid_reference("cifar10", 32, cfg.eval_mode, "train")
         return {"mu": mu, "sigma": sigma, "name": "cifar10-train (clean-fid)"}
     if cfg.eval_ref_dir or train_images is None:
-        entries = open_entries(replace(cfg, train_data_dir=cfg.eval_ref_dir or cfg.train_data_dir))
+        entries = open_entries(replace(cfg, train_data_dir=cfg.eval_ref_dir or cfg.train_data_dir),
+                               "--eval_ref_dir" if cfg.eval_ref_dir else "--train_data_dir")
         limit = None if cfg.eval_ref_dir else cfg.max_train_samples
         images, source = decode_all(entries, cfg.resolution, limit=limit), entries.description
     else:

@@ -56,6 +56,26 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
         return e.exit_code
 
 
+def check_output_path(path: Path, flag: str, folder: bool = True) -> None:
+    """ConfigError (one line) unless `path` can be written as a folder (or, folder=False, a file) - checked without
+    writing anything: no name component over 255 bytes, not the other kind of entry, its nearest existing parent a
+    writable folder."""
+    path = Path(path).expanduser()
+    long = [part for part in path.parts if len(os.fsencode(part)) > 255]
+    if long:
+        raise ConfigError(f"{flag} {str(path)[:60]}...: a name in the path is {len(os.fsencode(long[0]))} bytes long, "
+                          "over the file system's 255")
+    if path.exists() and path.is_dir() != folder:
+        raise ConfigError(f"{flag} {path} exists and is {'not a folder' if folder else 'a folder, not a file'}")
+    parent = path if path.exists() else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: {parent} is not writable")
+
+
 def lost_peer(exc: BaseException) -> Optional[PeerLost]:
     """The one-line PeerLost for a collective (gloo / NCCL) that failed because another rank ended or stopped
     responding, or None for anything else."""

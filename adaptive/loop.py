@@ -14,16 +14,18 @@ import torch
 from PIL import Image
 
 from .build import Run, apply_optimizer_settings, check_buildable, planned_steps, run_fraction, setup
-from .checkpoint import list_checkpoints, load_checkpoint, read_progress, save_checkpoint
+from .checkpoint import checkpoint_step, list_checkpoints, load_checkpoint, read_progress, rotate, save_checkpoint
 from .config import ConfigError, TrainConfig
 from .control import StopControl
 from .data import Layout, open_entries
 from .faults import Diverged, writing
 from .image_sampler import generate_distributed, save_grid
 from .losses import per_sample_mse, q_sample, training_target
-from .rundir import artifact, check_output_dir, connect_hub, export_pipeline, finished_run, fresh_start_line
+from .rundir import (artifact, check_output_dir, connect_hub, discard_aside, export_pipeline, finished_run,
+                     fresh_start_line)
 from .seeding import generator, seed_for
-from .session import Session, end, main_process_logger, nothing_to_train, start_session
+from .session import (RANGE_FACTOR, Session, end, main_process_logger, nothing_to_train, restore_replaced_run,
+                      start_session)
 from .timesteps.base import DIAGNOSTIC_BINS
 from .timesteps.report import log_grid, tracker_values
 
@@ -123,64 +125,77 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
     if resume_from is not None:
         load_checkpoint(acc, resume_from)
         apply_optimizer_settings(run)  # a changed --learning_rate / --adam_* applies from here on
-    session = start_session(run, resume_from, log, control, uploader)
-    sampling_unet = run.ema.model if run.ema else run.unet  # previews, evaluation and export use the EMA weights
-    batches = run.data.batches(progress.step)
+    try:  # an end before the first checkpoint puts back the run an --overwrite_output_dir run was replacing
+        session = start_session(run, resume_from, log, control, uploader)
+        sampling_unet = run.ema.model if run.ema else run.unet  # previews, evaluation and export use the EMA weights
+        batches = run.data.batches(progress.step)
 
-    # Training loop.
-    while progress.step < run.max_steps:
-        t_step = time.perf_counter()
+        # Training loop.
+        while progress.step < run.max_steps:
+            t_step = time.perf_counter()
 
-        # One optimizer step: timesteps, noise, loss, backward, update, EMA, timestep-sampler update.
-        losses, grad_norm = optimizer_step(run, progress.step, next(batches))
-        progress.step += 1
-        progress.images_seen += run.layout.global_batch
-        run.stats.report("loss", losses)
-        run.stats.report("grad_norm", grad_norm)
-        progress.train_seconds += time.perf_counter() - t_step
-        session.bar.update(1)
+            # One optimizer step: timesteps, noise, loss, backward, update, EMA, timestep-sampler update.
+            losses, grad_norm = optimizer_step(run, progress.step, next(batches))
+            progress.step += 1
+            progress.images_seen += run.layout.global_batch
+            run.stats.report("loss", losses)
+            run.stats.report("grad_norm", grad_norm)
+            progress.train_seconds += time.perf_counter() - t_step
+            session.bar.update(1)
 
-        # Statistics: one collective and one host sync per log step.
-        if progress.step % cfg.logging_steps == 0 or progress.step == run.max_steps:
-            log_statistics(run, session)
+            # Statistics: one collective and one host sync per log step.
+            if progress.step % cfg.logging_steps == 0 or progress.step == run.max_steps:
+                log_statistics(run, session)
 
-        # Evaluate: FID / proxy FD of the EMA model, logged with the training wall-clock (its own time excluded).
-        if session.evaluator is not None and session.evaluator.due(progress.step):
-            evaluate(run, session, sampling_unet)
+            # Evaluate: FID / proxy FD of the EMA model, logged with the training wall-clock (its own time excluded).
+            if session.evaluator is not None and session.evaluator.due(progress.step):
+                evaluate(run, session, sampling_unet)
 
-        # Sample grid, post-hoc EMA snapshot, checkpoint, export (never from non-finite weights); stop when asked to
-        # or out of budget.
-        stop = session.control.should_stop(progress.train_seconds)
-        done = stop or progress.step >= run.max_steps
-        grid_due = every(progress.step, cfg.save_images_steps) and not done
-        snapshot_due = run.phema is not None and every(progress.step, cfg.ema_snapshot_steps)
-        checkpoint_due = every(progress.step, cfg.checkpointing_steps) or done
-        export_due = every(progress.step, cfg.save_model_steps) and not done
-        if grid_due or snapshot_due or checkpoint_due or export_due:
-            check_finite(run, session)
-        if grid_due:
-            preview(run, session, sampling_unet)
-        if snapshot_due and acc.is_main_process:
-            save_snapshots(run)
-        if checkpoint_due:
-            checkpoint(run, session)
-        if export_due:
-            publish(run, session, sampling_unet, f"pipeline at step {progress.step}")
-        if stop:
-            log(f"stopping after step {progress.step}: {session.control.reason}; checkpoint written, rerun the same "
-                "command with --resume_from_checkpoint latest to continue")
-            break
-    session.bar.close()
+            # Sample grid, post-hoc EMA snapshot, checkpoint, export (never from non-finite weights); stop when asked to
+            # or out of budget.
+            stop = session.control.should_stop(progress.train_seconds)
+            if stop and session.control.preempted and session.replacing:  # nothing of this run to keep yet
+                log(f"stopping after step {progress.step}: {session.control.reason}; no checkpoint written; the run "
+                    "that --overwrite_output_dir was replacing goes back in place")
+                break
+            done = stop or progress.step >= run.max_steps
+            grid_due = every(progress.step, cfg.save_images_steps) and not done
+            snapshot_due = run.phema is not None and every(progress.step, cfg.ema_snapshot_steps)
+            checkpoint_due = every(progress.step, cfg.checkpointing_steps) or done
+            export_due = every(progress.step, cfg.save_model_steps) and not done
+            if grid_due or snapshot_due or checkpoint_due or export_due:
+                check_finite(run, session)
+            if grid_due:
+                preview(run, session, sampling_unet)
+            if snapshot_due and acc.is_main_process:
+                save_snapshots(run)
+            if checkpoint_due:
+                checkpoint(run, session)
+            if export_due:
+                publish(run, session, sampling_unet, f"pipeline at step {progress.step}")
+            if stop:
+                log(f"stopping after step {progress.step}: {session.control.reason}; checkpoint written, rerun the same "
+                    "command with --resume_from_checkpoint latest to continue")
+                break
+        session.bar.close()
 
-    # Final grid, snapshot and export (skipped when preempted: the checkpoint is what matters then). The signal
-    # handlers stay until end(): a signal now lets the export finish.
-    preempted = session.control.preempted
-    if not preempted:
-        if run.phema is not None and acc.is_main_process and not every(progress.step, cfg.ema_snapshot_steps):
-            save_snapshots(run)
-        grid = preview(run, session, sampling_unet)
-        publish(run, session, sampling_unet, f"final pipeline at step {progress.step}", grid)
-    return end(run, session, "preempted" if preempted else None)
+        # Final grid, snapshot and export (skipped when preempted: the checkpoint is what matters then). The signal
+        # handlers stay until end(): a signal now lets the export finish.
+        preempted = session.control.preempted
+        if not preempted:
+            if run.phema is not None and acc.is_main_process and not every(progress.step, cfg.ema_snapshot_steps):
+                save_snapshots(run)
+            grid = preview(run, session, sampling_unet)
+            publish(run, session, sampling_unet, f"final pipeline at step {progress.step}", grid)
+            if cfg.checkpoints_total_limit and acc.is_main_process and session.loss_range.left_at is None:
+                rotate(Path(cfg.output_dir), cfg.checkpoints_total_limit)  # finished in range: the limit holds exactly
+        summary = end(run, session, "preempted" if preempted else None)
+        if session.replacing:  # stopped by a signal before the first checkpoint
+            restore_replaced_run(cfg, log)
+        return summary
+    except BaseException:
+        restore_replaced_run(cfg, log)
+        raise
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -225,9 +240,16 @@ def log_statistics(run: Run, session: Session) -> None:
     checked = ("loss",) if run.accelerator.scaler is not None else ("loss", "grad_norm")
     bad = [f"{k} = {values[k]}" for k in checked if k in values and not math.isfinite(values[k])]
     first, session.logged_step = session.logged_step + 1, progress.step
+    median = session.loss_range.observe(progress.step, loss) if "loss" in values else None
+    if median is not None and not bad:
+        session.log(f"warning: the loss left its running range at step {progress.step} ({loss:.3g}, over "
+                    f"{RANGE_FACTOR:g}x the median {median:.3g} of the previous log steps): the newest checkpoint at "
+                    f"or before step {session.loss_range.vouched_step} is kept from rotation until it returns")
+    elif run.cfg.checkpoints_total_limit and session.loss_range.left_at is None and run.accelerator.is_main_process:
+        rotate(Path(run.cfg.output_dir), run.cfg.checkpoints_total_limit, session.loss_range.protected())
     if bad:
         window = f" (mean over steps {first}-{progress.step})" if first < progress.step else ""
-        raise diverged(run, f"{' and '.join(bad)} at step {progress.step}{window}")
+        raise diverged(run, session, f"{' and '.join(bad)} at step {progress.step}{window}")
 
 
 def check_finite(run: Run, session: Session) -> None:
@@ -235,13 +257,20 @@ def check_finite(run: Run, session: Session) -> None:
     finite (every rank: the weights are identical). Sync point: once per write, not per step."""
     finite = torch.stack([torch.isfinite(p).all() for p in run.unet.parameters()]).all()
     if not finite.item():
-        raise diverged(run, f"non-finite weights after step {run.progress.step}")
+        raise diverged(run, session, f"non-finite weights after step {run.progress.step}")
 
 
-def diverged(run: Run, what: str) -> Diverged:
-    newest = list_checkpoints(Path(run.cfg.output_dir))[-1:]
+def diverged(run: Run, session: Session, what: str) -> Diverged:
+    """The one-line fault, naming the checkpoint to resume from: the newest, or while the loss is out of its running
+    range the newest before it left it."""
+    protect = session.loss_range.protected() if session.loss_range.left_at is not None else None
+    ckpts = [p for p in list_checkpoints(Path(run.cfg.output_dir))
+             if protect is None or checkpoint_step(p) <= protect][-1:]
+    which = "the newest checkpoint" if protect is None else "the newest checkpoint before the loss left its range"
+    after = " (every checkpoint was taken after the loss left its range)" \
+        if protect is not None and list_checkpoints(Path(run.cfg.output_dir)) else ""
     return Diverged(f"training diverged: {what}; nothing was saved from non-finite weights; "
-                    + (f"resume from {newest[0].name}, the newest checkpoint, " if newest else "restart ")
+                    + (f"resume from {ckpts[0].name}, {which}, " if ckpts else f"restart{after} ")
                     + "with a lower --learning_rate or gradient clipping (--max_grad_norm)")
 
 
@@ -295,10 +324,14 @@ def checkpoint(run: Run, session: Session) -> None:
     """checkpoint-<step> (every rank; its time is not training time); pushed too with --push_checkpoints."""
     t0 = time.perf_counter()
     path = save_checkpoint(run.accelerator, Path(run.cfg.output_dir), run.progress.step, run.cfg.to_dict(),
-                           run.cfg.checkpoints_total_limit)
+                           run.cfg.checkpoints_total_limit, protect=session.loss_range.protected())
     run.progress.train_seconds += time.perf_counter() - t0
     session.last_checkpoint = run.progress.step
     session.log(f"saved {path}")
+    if session.replacing:  # the new run has a checkpoint: the run it replaces can go
+        if run.accelerator.is_main_process:
+            discard_aside(Path(run.cfg.output_dir))
+        session.replacing = False
     if session.uploader is not None and run.cfg.push_checkpoints:
         session.uploader.push(Path(run.cfg.output_dir), f"checkpoint at step {run.progress.step}")
 

@@ -22,7 +22,7 @@ import torch
 from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, describe_changes, find_latest, incompatible_keys,
                          list_checkpoints, resolve_resume, rotate)
 from .config import SECRET_FIELDS, ConfigError, TrainConfig
-from .faults import writing
+from .faults import check_output_path, writing
 
 # name -> (path in output_dir, uploaded to the Hub, marks a run).  The logs folder is --logging_dir.
 ARTIFACTS: dict[str, tuple[str, bool, bool]] = {
@@ -85,11 +85,23 @@ def fresh_start_line(cfg: TrainConfig) -> str:
 
 
 def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
-    """Decide what to do with output_dir before anything is written; returns the checkpoint to resume from."""
+    """Decide what to do with output_dir before anything is written; returns the checkpoint to resume from. A run
+    left aside by an --overwrite_output_dir run that ended early is resolved first (`resolve_aside`)."""
     out = Path(cfg.output_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--output_dir {out} exists and is not a folder")
+    check_output_path(out, "--output_dir")
+    check_output_path(out / cfg.logging_dir, "--logging_dir")
+    if (out / cfg.logging_dir).resolve() == out.resolve():
+        raise ConfigError(f"--logging_dir {cfg.logging_dir!r} is the output folder itself; name a folder inside it "
+                          "(default: logs)")
+    if out.is_dir():
+        resolve_aside(out, log)
     if not run_holds_training(out):
+        foreign = foreign_files(out)
+        if foreign and not cfg.overwrite_output_dir:
+            raise ConfigError(
+                f"--output_dir {out} is not a run folder and holds files ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); use a new --output_dir, or --overwrite_output_dir to train "
+                "there (only a run's own files are replaced)")
         if cfg.resume_from_checkpoint not in (None, "latest"):
             return resolve_resume(out, cfg.resume_from_checkpoint, log)
         return None
@@ -116,6 +128,14 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
             log(f"warning: resuming {ckpt.name} with changed settings, which apply from its step on: "
                 f"{', '.join(changed)}")
     return ckpt
+
+
+def foreign_files(out: Path) -> list[str]:
+    """Names in `out` other than the lock (sorted): in a folder that holds no run they are someone else's."""
+    if not out.is_dir():
+        return []
+    ours = {ARTIFACTS["lock"][0], ASIDE, ASIDE_PARTIAL}  # README.md, unet/ ... without a run are not a run's
+    return sorted(p.name for p in out.iterdir() if p.name not in ours)
 
 
 def lock_output_dir(out: Path, log):
@@ -154,29 +174,153 @@ def lock_holder(path: Path) -> Optional[int]:
     return None
 
 
-def clear_run(out: Path, logging_dir: str) -> None:
-    """Remove a previous run's artifacts and checkpoints from `out` (only with --overwrite_output_dir, once every
-    check has passed, right before training; the lock file stays: the running process holds it)."""
-    for p in list_checkpoints(out) + list(out.glob(".checkpoint-*.tmp")):
-        shutil.rmtree(p, ignore_errors=True)
-    inside = not Path(logging_dir).is_absolute() and ".." not in Path(logging_dir).parts
-    for path, _, _ in [*ARTIFACTS.values(), *([(logging_dir, False, False)] if inside else [])]:
-        if path == ARTIFACTS["lock"][0]:
-            continue
-        target = out / path
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
+# --overwrite_output_dir moves the replaced run's files into ASIDE_PARTIAL, then renames that to ASIDE (the commit
+# point), both inside the output folder (same file system: every move is a rename). The replaced run is deleted only
+# once the new run has written its first checkpoint; any end before that puts it back (`restore_aside`), in the
+# process or at the next start (`resolve_aside`).
+ASIDE, ASIDE_PARTIAL = ".replaced-run", ".replacing-run"
+MOVED = ".moved.json"  # in the aside folder: the paths moved, relative to the output folder
 
 
-def prepare_for_training(cfg: TrainConfig, resume_from: Optional[Path]) -> None:
-    """Right before training, every check passed (main process, lock held): clear a replaced run
-    (--overwrite_output_dir) and remove temporary folders of checkpoint writes that were killed or failed."""
+def run_files(out: Path, logging_dir: Optional[str] = None) -> list[str]:
+    """The run's files present in `out` (paths relative to it): checkpoints, temporary checkpoint folders, the
+    ARTIFACTS (the lock excepted) and --logging_dir where it lies inside `out`."""
+    out = Path(out)
+    paths = [p.name for p in list_checkpoints(out) + sorted(out.glob(".checkpoint-*.tmp"))]
+    paths += [path for name, (path, _, _) in ARTIFACTS.items() if name != "lock" and (out / path).exists()]
+    if logging_dir is not None:
+        logs, root = (out / logging_dir).resolve(), out.resolve()
+        if root in logs.parents and logs.exists():
+            rel = str(logs.relative_to(root))
+            if not any(rel == p or rel.startswith(p + os.sep) for p in paths):
+                paths.append(rel)
+    return paths
+
+
+def move_aside(out: Path, logging_dir: str) -> bool:
+    """Move the replaced run's files aside (main process, lock held); False when there was nothing to move."""
+    paths = run_files(out, logging_dir)
+    if not paths:
+        return False
+    partial = out / ASIDE_PARTIAL
+    partial.mkdir()
+    (partial / MOVED).write_text(json.dumps(paths))
+    for rel in paths:
+        (partial / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(out / rel, partial / rel)
+    os.rename(partial, out / ASIDE)
+    return True
+
+
+def restore_aside(out: Path) -> bool:
+    """Put a replaced run back (main process, lock held): the replacing run's files - it has no checkpoint - are
+    removed, the moved ones renamed back. False when nothing was aside."""
+    aside = next((out / name for name in (ASIDE, ASIDE_PARTIAL) if (out / name).is_dir()), None)
+    if aside is None:
+        return False
+    try:
+        moved = json.loads((aside / MOVED).read_text())
+    except (OSError, ValueError):  # killed before the list was written: nothing was moved yet
+        moved = []
+    if aside.name == ASIDE:  # the replacing run may have written some of its files
+        for rel in run_files(out) + [rel for rel in moved if (aside / rel).exists()]:
+            target = out / rel
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+    for rel in moved:
+        if (aside / rel).exists() and not (out / rel).exists():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.rename(aside / rel, out / rel)
+    shutil.rmtree(aside)
+    return True
+
+
+def discard_aside(out: Path) -> None:
+    """The new run wrote its first checkpoint: delete the run it replaced (main process)."""
+    if (out / ASIDE).is_dir():
+        shutil.rmtree(out / ASIDE)
+
+
+def resolve_aside(out: Path, log) -> None:
+    """At the start: a run left aside by an --overwrite_output_dir run that ended (was killed) before its first
+    checkpoint is put back; one left aside by a run that got its checkpoint is deleted. The launcher's rank 0 does it
+    under the folder's lock; the other ranks wait for it (at most a minute)."""
+    import time
+
+    if not ((out / ASIDE).is_dir() or (out / ASIDE_PARTIAL).is_dir()):
+        return
+    if int(os.environ.get("RANK", "0")) != 0:
+        deadline = time.monotonic() + 60
+        while ((out / ASIDE).is_dir() or (out / ASIDE_PARTIAL).is_dir()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return
+    lock = lock_output_dir(out, log)
+    try:
+        if (out / ASIDE).is_dir() and list_checkpoints(out):
+            discard_aside(out)
+            log(f"{out}: deleted the run replaced by --overwrite_output_dir (the new run has its checkpoint)")
+        elif restore_aside(out):
+            log(f"{out}: restored the run that an --overwrite_output_dir run ended before replacing (it wrote no "
+                "checkpoint)")
+    finally:
+        lock.close()
+
+
+def set_branch_aside(out: Path, resume_from: Path, log) -> Optional[Path]:
+    """Resuming a checkpoint of `out` that is not its newest makes it the timeline: the newer checkpoints, an export of
+    a later step and the stats.jsonl rows after it move into `abandoned-after-<step>/` (kept, not deleted), so
+    `latest` can never return to the abandoned branch. Returns that folder (None: nothing newer)."""
+    step = checkpoint_step(resume_from)
+    if step is None or resume_from.resolve().parent != out.resolve():
+        return None
+    newer = [c for c in list_checkpoints(out) if checkpoint_step(c) > step]
+    try:
+        export_step = json.loads(artifact(out, "export_record").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        export_step = None
+    export = [path for name in ("model_index", "unet", "scheduler", "model_card", "export_record")
+              for path in [ARTIFACTS[name][0]] if (out / path).exists()] \
+        if export_step is not None and export_step > step else []
+    if not newer and not export:
+        return None
+    aside, n = out / f"abandoned-after-{step}", 1
+    while aside.exists():
+        n += 1
+        aside = out / f"abandoned-after-{step}-{n}"
+    aside.mkdir()
+    for path in [c.name for c in newer] + export:
+        os.rename(out / path, aside / path)
+    stats = artifact(out, "stats")
+    if stats.exists():
+        cut = [line for line in stats.read_text().splitlines() if _record_step(line) > step]
+        (aside / stats.name).write_text("".join(line + "\n" for line in cut))
+    log(f"resuming {resume_from.name}, not the newest: the newer timeline ({', '.join([c.name for c in newer] + export)}"
+        f" and the stats.jsonl rows after step {step}) is moved aside to {aside}")
+    return aside
+
+
+def _record_step(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, TypeError, AttributeError):
+        return 0
+
+
+def prepare_for_training(cfg: TrainConfig, resume_from: Optional[Path], log=print) -> bool:
+    """Right before training, every check passed (main process, lock held): move a replaced run aside
+    (--overwrite_output_dir; deleted at the new run's first checkpoint) or the abandoned branch of a resumed older
+    checkpoint (kept), and remove temporary folders of checkpoint writes that were killed or failed. True when a
+    replaced run was moved aside."""
     out = Path(cfg.output_dir)
-    if cfg.overwrite_output_dir and resume_from is None and run_holds_training(out):
-        clear_run(out, cfg.logging_dir)
+    if resume_from is not None:
+        set_branch_aside(out, Path(resume_from), log)
+    moved = cfg.overwrite_output_dir and resume_from is None and move_aside(out, cfg.logging_dir)
     rotate(out, None)
+    for stale in (EXPORT_TMP, EXPORT_OLD):  # an export killed while being written or swapped in
+        shutil.rmtree(out / stale, ignore_errors=True)
+    return bool(moved)
 
 
 # ------------------------------------------------------------------------------------------------ provenance
@@ -268,20 +412,50 @@ def git_commit() -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ export, Hub
 
 
+EXPORT_TMP, EXPORT_OLD = ".export.tmp", ".export.old"  # an export being written; the one it replaces, being swapped
+
+
 def export_pipeline(cfg: TrainConfig, unet, noise_scheduler, progress, info: dict,
                     metrics: Optional[dict] = None) -> None:
     """DDPMPipeline(unet=EMA U-Net, scheduler).save_pretrained(output_dir) in safetensors, with a model card
-    (main process only)."""
+    (main process only). Written into .export.tmp/ and swapped into place with the signals held (milliseconds), so an
+    export interrupted at any point (a second Ctrl-C, a full disk) leaves the previous export whole."""
     from diffusers import DDPMPipeline
 
-    from .model_card import write_model_card
+    from .model_card import build_model_card
 
     out = Path(cfg.output_dir)
+    tmp = out / EXPORT_TMP
     with writing(f"the pipeline of step {progress.step}", out, "checkpoints are unaffected"):
-        DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(out, safe_serialization=True)
-        write_model_card(out, cfg, progress, info, metrics, repo_id=info.get("hub_repo_id"))
-        # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
-        artifact(out, "export_record").write_text(json.dumps({"step": progress.step, "metrics": metrics}, indent=2))
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(tmp, safe_serialization=True)
+            build_model_card(out, cfg, progress, info, metrics, info.get("hub_repo_id")).save(tmp / "README.md")
+            # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
+            (tmp / ARTIFACTS["export_record"][0]).write_text(json.dumps({"step": progress.step, "metrics": metrics},
+                                                                        indent=2))
+            swap_in(out, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swap_in(out: Path, tmp: Path) -> None:
+    """Move every entry of `tmp` into `out`, replacing what is there, with the stop signals held until done."""
+    import signal
+
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1}
+    old = out / EXPORT_OLD
+    shutil.rmtree(old, ignore_errors=True)
+    old.mkdir()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        for entry in sorted(tmp.iterdir(), key=lambda p: p.name == ARTIFACTS["export_record"][0]):  # the record last
+            if (out / entry.name).exists():
+                os.rename(out / entry.name, old / entry.name)
+            os.rename(entry, out / entry.name)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def card_for_repo(cfg: TrainConfig, progress, repo_id: str) -> None:
@@ -395,7 +569,8 @@ def finish_uploads(uploader, cfg: TrainConfig, log, timeout: float) -> bool:
     return False
 
 
-__all__ = ["ARTIFACTS", "artifact", "card_for_repo", "check_output_dir", "clear_run", "connect_hub", "export_pipeline",
-           "finish_uploads", "finished_run", "fresh_start_line", "git_commit", "hub_patterns", "load_pipeline",
-           "lock_output_dir", "pipeline_from_checkpoint", "prepare_for_training", "public_bytes", "rerun_command", "run_holds_training",
+__all__ = ["ARTIFACTS", "artifact", "card_for_repo", "check_output_dir", "connect_hub", "discard_aside",
+           "export_pipeline", "finish_uploads", "finished_run", "fresh_start_line", "git_commit", "hub_patterns",
+           "load_pipeline", "lock_output_dir", "pipeline_from_checkpoint", "prepare_for_training", "public_bytes",
+           "resolve_aside", "restore_aside", "run_files", "rerun_command", "run_holds_training",
            "run_info", "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]

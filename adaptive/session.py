@@ -4,6 +4,7 @@ progress bar, logging) - opened by `start_session`, closed by `end` - and the re
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -11,14 +12,64 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from .build import Run, cpu_has_native_bf16
 from .config import TrainConfig
 from .control import StopControl
 from .model import count_parameters
-from .rundir import (artifact, card_for_repo, finish_uploads, lock_output_dir, prepare_for_training, run_info,
-                     write_run_records)
+from .rundir import (artifact, card_for_repo, finish_uploads, lock_output_dir, prepare_for_training, restore_aside,
+                     run_info, write_run_records)
 from .stats import JsonlWriter, tracker_config
 from .timesteps.report import TimestepReport
+
+
+# The loss "leaves its running range" at a log step whose mean loss is over RANGE_FACTOR x the median of the previous
+# RANGE_WINDOW in-range log steps (once there are RANGE_MIN of them). Healthy training lowers its loss, so large early
+# losses never trip it; a blow-up (a finite one too: --learning_rate 1e6 with clipping) does at once.
+RANGE_FACTOR, RANGE_WINDOW, RANGE_MIN = 10.0, 20, 5
+
+
+@dataclass
+class LossRange:
+    """Which checkpoint rotation must keep: the newest one taken before the loss left its running range."""
+
+    history: list = field(default_factory=list)  # the latest in-range log-step losses
+    vouched_step: Optional[int] = None  # the weights up to this step gave in-range losses
+    left_at: Optional[int] = None  # the log step at which the loss left its range; None while in range
+
+    def observe(self, step: int, loss: float) -> Optional[float]:
+        """Record the mean loss of the log window ending at `step`; the running median when it has just left its
+        range, else None."""
+        median = float(np.median(self.history)) if len(self.history) >= RANGE_MIN else math.inf
+        if not loss <= RANGE_FACTOR * median:  # a NaN is out of range too
+            left, self.left_at = self.left_at is None, self.left_at or step
+            return median if left else None
+        self.history = [*self.history, loss][-RANGE_WINDOW:]
+        self.vouched_step, self.left_at = step - 1, None  # that window's losses came from the weights before `step`
+        return None
+
+    def protected(self) -> Optional[int]:
+        """The step at or before which the newest checkpoint is kept from rotation: a checkpoint's weights are vouched
+        for by the loss of the next log step, so the one just written is not yet (None: no log step seen)."""
+        return self.vouched_step
+
+    @classmethod
+    def from_stats(cls, path: Path, step: int) -> "LossRange":
+        """The range as it was at `step`, from the log-step records of stats.jsonl (a resumed run)."""
+        loss_range = cls()
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return loss_range
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if "lr" in record and "loss" in record and record.get("step", 0) <= step:
+                loss_range.observe(record["step"], float(record["loss"]))
+        return loss_range
 
 
 @dataclass
@@ -36,6 +87,8 @@ class Session:
     window: tuple = (0.0, 0)  # (train seconds, images seen) at the start of the current log window
     logged_step: int = 0  # the step of the last statistics flush (all finite up to it)
     last_metrics: Optional[dict] = None  # the latest evaluation record (for the model card)
+    replacing: bool = False  # --overwrite_output_dir before the new run's first checkpoint: the old run is aside
+    loss_range: LossRange = field(default_factory=LossRange)  # guards the last checkpoint before a blow-up
 
 
 def main_process_logger():
@@ -86,10 +139,14 @@ def start_session(run: Run, resume_from: Optional[Path], log, control: StopContr
 
         evaluator = InTrainingEvaluator(cfg, acc, run.data.images, log)
     if is_main:
-        prepare_for_training(cfg, resume_from)
+        prepare_for_training(cfg, resume_from, log)  # a replaced run moved aside (put back if this run ends before its
+        # first checkpoint: `restore_replaced_run`, `checkpoint`)
     stats_file = JsonlWriter(artifact(out, "stats"), is_main)
+    loss_range = LossRange()
     if resume_from is not None:
         stats_file.truncate_after(progress.step)
+        if is_main:
+            loss_range = LossRange.from_stats(artifact(out, "stats"), progress.step)
         log(f"resumed from {resume_from} at step {progress.step}")
     elif is_main:
         artifact(out, "stats").unlink(missing_ok=True)
@@ -112,7 +169,15 @@ def start_session(run: Run, resume_from: Optional[Path], log, control: StopContr
     bar = tqdm(total=run.max_steps, initial=progress.step, disable=not (is_main and sys.stdout.isatty()), desc="train",
                unit="step", dynamic_ncols=True, file=sys.stdout)
     return Session(log, info, stats_file, control, bar, uploader, evaluator,
-                   window=(progress.train_seconds, progress.images_seen), logged_step=progress.step)
+                   window=(progress.train_seconds, progress.images_seen), logged_step=progress.step,
+                   replacing=cfg.overwrite_output_dir and resume_from is None, loss_range=loss_range)
+
+
+def restore_replaced_run(cfg: TrainConfig, log) -> None:
+    """This run ends (fails, or is stopped by a signal) before its first checkpoint: the run it was replacing goes
+    back in place (main process; nothing when no run was aside)."""
+    if int(os.environ.get("RANK", "0")) == 0 and restore_aside(Path(cfg.output_dir)):
+        log(f"{cfg.output_dir}: this run ended before its first checkpoint; the run it replaced is back in place")
 
 
 def end(run: Run, session: Session, stopped: Optional[str]) -> dict:
