@@ -401,7 +401,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, argv: typing.Optional[
     for f in config_fields().values():
         section = sections(TrainConfig)[f.name]
         group = groups.setdefault(section, parser.add_argument_group(section))
-        _add_flag(group, f, hints[f.name], help_text(f), CHOICES.get(f.name))
+        metavar = "{" + ",".join(_methods().METHODS) + "}|pkg.module:Class" if f.name == "timestep_sampler" else None
+        _add_flag(group, f, hints[f.name], help_text(f), CHOICES.get(f.name), metavar)
     for cls in methods_named(argv):
         doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
         group = parser.add_argument_group(f"timestep method {cls.name} (--timestep_sampler {method_spec(cls)})",
@@ -429,9 +430,10 @@ def methods_named(argv: typing.Optional[list[str]]) -> list:
     return found
 
 
-def _add_flag(group, f: dataclasses.Field, hint, help: str, choices: typing.Optional[tuple]) -> None:
+def _add_flag(group, f: dataclasses.Field, hint, help: str, choices: typing.Optional[tuple],
+              metavar: typing.Optional[str] = None) -> None:
     tp, optional = _base_type(hint)
-    kw: dict = dict(default=None, help=help)
+    kw: dict = dict(default=None, help=help, **({"metavar": metavar} if metavar else {}))
     if tp is bool:
         kw["action"] = argparse.BooleanOptionalAction
     elif typing.get_origin(tp) is tuple:

@@ -61,6 +61,7 @@ def test_help_shows_a_users_method_in_its_own_section(capsys):
         parse_args(["--timestep_sampler", PLUGIN, "--help"])
     out = capsys.readouterr().out
     assert f"timestep method power (--timestep_sampler {PLUGIN})" in out and "--power_exponent" in out
+    assert "--timestep_sampler {" + ",".join(METHODS) + "}|pkg.module:Class" in out
 
 
 def test_a_config_of_an_older_version_with_every_methods_options_still_loads():
