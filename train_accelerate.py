@@ -31,7 +31,7 @@ def parse_args(argv=None):
     parser.add_argument("--config", default=None, help="start from a saved config (a run's config.json); flags given "
                                                        "override it")
     parser.add_argument("--print_config", action="store_true", help="print the resolved config (JSON) and exit")
-    add_config_arguments(parser)
+    add_config_arguments(parser, sys.argv[1:] if argv is None else list(argv))
     return parser.parse_args(argv)
 
 

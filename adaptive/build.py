@@ -8,14 +8,14 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, TextIO
 
 import torch
 
 from .attention import configure_attention
 from .checkpoint import Progress, TrainState
 from .config import ConfigError, TrainConfig, replace
-from .data import Layout, load_train_data
+from .data import Layout, TrainData, load_train_data
 from .ema import EMA
 from .faults import LaunchError, agree
 from .losses import DiffusionTables
@@ -25,6 +25,13 @@ from .rundir import lock_output_dir
 from .seeding import seed_for
 from .stats import Stats
 from .timesteps import build_sampler
+from .timesteps.base import TimestepSampler
+
+if TYPE_CHECKING:  # for the annotations only; the code imports them where it builds them
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
+    from diffusers import DDPMScheduler
 
 
 @dataclass
@@ -32,22 +39,22 @@ class Run:
     """The built training run. `model` is the accelerate-prepared wrapper of the bare U-Net `unet`."""
 
     cfg: TrainConfig  # resolved (mixed precision filled in from the accelerator)
-    accelerator: object
+    accelerator: Accelerator
     layout: Layout
-    data: object  # TrainData
+    data: TrainData
     unet: torch.nn.Module
     model: torch.nn.Module
-    noise_scheduler: object
+    noise_scheduler: DDPMScheduler
     tables: DiffusionTables
-    timesteps: object  # the TimestepSampler
+    timesteps: TimestepSampler
     ema: Optional[EMA]
     phema: Optional[PowerEMAs]
-    optimizer: object
-    lr_scheduler: object
+    optimizer: AcceleratedOptimizer
+    lr_scheduler: AcceleratedScheduler
     max_steps: int
     progress: Progress = field(default_factory=Progress)
     stats: Stats = field(default_factory=Stats)
-    lock: object = None  # the output folder's lock file, held for the run's lifetime (main process)
+    lock: Optional[TextIO] = None  # the output folder's lock file, held for the run's lifetime (main process)
 
 
 def cpu_has_native_bf16() -> bool:

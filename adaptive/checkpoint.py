@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .config import MODEL_KEYS, ConfigError
+from .config import MODEL_KEYS, ConfigError, current_keys
 from .faults import agree, writing
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -267,6 +267,9 @@ def describe_changes(saved: dict, current: dict, keys) -> str:
 
 
 def changed_keys(saved: dict, current: dict, ignore=("resume_from_checkpoint", "overwrite_output_dir")) -> list[str]:
+    """Keys whose values differ (a saved config's options of methods it did not use are not compared: configs of
+    older versions kept every method's)."""
+    saved = current_keys(saved)
     keys = set(saved) | set(current)
     return sorted(k for k in keys if k not in ignore and saved.get(k) != current.get(k))
 

@@ -1,177 +1,232 @@
 """Training configuration: one frozen dataclass in sections, named presets as plain dicts, JSON round trip.
 
-Every field is a command-line flag of `train_accelerate.py` with the same name. Flags default to None; the
-preset fills what was not given, the dataclass default fills the rest (edm2 style). The resolved config is
-validated once (`validate`), written to `output_dir/config.json` and into every checkpoint, and never mutated (a
-changed value is a new config: `replace`). Each field's `# comment` is its help text; the `# --- section ---` line
-above it is its section; fields declared with `model_key(...)` change the model or the objective, so a checkpoint
-that differs in one of them is refused on resume.
+Every field is a command-line flag of `train_accelerate.py` with the same name, and so is every option of every
+timestep method (`timestep_options`: the chosen method's `Options`, timesteps/registry.py; flat keys in the saved
+config, as the flags). Flags default to None; the preset fills what was not given, the dataclass default fills the
+rest (edm2 style). The resolved config is validated once (`validate`), written to `output_dir/config.json` and into
+every checkpoint, and never mutated (a changed value is a new config: `replace`). Each field is a
+`fields.setting(default, help, section=, choices=, check=, model_key=)`: its help text, its `--help` section, its
+closed set of values, its check; a `model_key` field changes the model or the objective, so a checkpoint that differs
+in one of them is refused on resume.
+
+The timestep methods are imported when first needed (`_methods()`), not with this module: train_accelerate.py
+imports it before its signal handlers are installed, and the methods import torch (~1 s).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
-import math
 import os
 import re
 import sys
+import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from .errors import ConfigError
+from .fields import check_fields, help_of, sections, setting
+
+if typing.TYPE_CHECKING:
+    from .timesteps.base import TimestepSampler
 
 # Values that are never written to disk (config.json, trackers, checkpoints, model cards).
 SECRET_FIELDS = ("hub_token",)
 
 
-class ConfigError(ValueError):
-    """A user-facing problem (bad input, or a fault of the run in adaptive/faults.py): one line on stderr and
-    `exit_code`, never a traceback."""
-
-    exit_code = 2
-
-
-def model_key(default):
-    """A field that defines the model or the objective: resuming a checkpoint that differs in it is refused."""
-    return field(default=default, metadata={"model_key": True})
-
-
 @dataclass(frozen=True)
 class TrainConfig:
-    # --- run ---
-    preset: str = "ddpm-cifar10"  # named preset that fills every flag not given (see PRESETS)
-    output_dir: str = "runs/ddpm"  # run folder: config.json, stats.jsonl, checkpoint-*/, samples/, exported pipeline
-    overwrite_output_dir: bool = False  # replace the run in output_dir (or train into a folder holding other files): its files are moved aside right before training and deleted at the new run's first checkpoint
-    seed: int = 0  # base seed; data order, noise, timesteps and dropout derive from (seed, rank, step)
+    preset: str = setting("ddpm-cifar10", "named preset that fills every flag not given (see PRESETS)", section="run")
+    output_dir: str = setting(
+        "runs/ddpm", "run folder: config.json, stats.jsonl, checkpoint-*/, samples/, exported pipeline")
+    overwrite_output_dir: bool = setting(
+        False, "replace the run in output_dir (or train into a folder holding other files): its files are moved "
+        "aside right before training and deleted at the new run's first checkpoint")
+    seed: int = setting(0, "base seed; data order, noise, timesteps and dropout derive from (seed, rank, step)")
 
-    # --- data ---
-    dataset_name: typing.Optional[str] = "cifar10"  # 'cifar10' (torchvision) or a Hub dataset id with an image column
-    dataset_config_name: typing.Optional[str] = None  # Hub dataset configuration name
-    train_data_dir: typing.Optional[str] = None  # folder or .zip of images (class subfolders allowed); wins over dataset_name
-    image_column: typing.Optional[str] = None  # image column of a Hub dataset; None = 'image' or 'img', whichever exists
-    cache_dir: typing.Optional[str] = None  # downloads and decoded-image caches; None = ~/.cache/adaptive-diffusion
-    resolution: int = model_key(32)  # training image size in pixels (square)
-    random_flip: bool = True  # random horizontal flip, made on the device per batch
-    max_train_samples: typing.Optional[int] = None  # use only the first N images (debugging, quick runs)
-    data_device: str = "auto"  # where the decoded uint8 images live: auto (the training device) or cpu
-    max_resident_gb: float = 8.0  # datasets larger than this (uint8) stream from disk instead of being held in memory
-    dataloader_num_workers: int = 2  # decoding workers of the streaming loader (resident data needs none)
+    dataset_name: typing.Optional[str] = setting(
+        "cifar10", "'cifar10' (torchvision) or a Hub dataset id with an image column", section="data")
+    dataset_config_name: typing.Optional[str] = setting(None, "Hub dataset configuration name")
+    train_data_dir: typing.Optional[str] = setting(
+        None, "folder or .zip of images (class subfolders allowed); wins over dataset_name")
+    image_column: typing.Optional[str] = setting(
+        None, "image column of a Hub dataset; None = 'image' or 'img', whichever exists")
+    cache_dir: typing.Optional[str] = setting(
+        None, "downloads and decoded-image caches; None = ~/.cache/adaptive-diffusion")
+    resolution: int = setting(32, "training image size in pixels (square)", model_key=True)
+    random_flip: bool = setting(True, "random horizontal flip, made on the device per batch")
+    max_train_samples: typing.Optional[int] = setting(None, "use only the first N images (debugging, quick runs)")
+    data_device: str = setting(
+        "auto", "where the decoded uint8 images live: auto (the training device) or cpu", choices=("auto", "cpu"))
+    max_resident_gb: float = setting(
+        8.0, "datasets larger than this (uint8) stream from disk instead of being held in memory")
+    dataloader_num_workers: int = setting(2, "decoding workers of the streaming loader (resident data needs none)")
 
-    # --- model (UNet2DModel) ---
-    block_out_channels: typing.Tuple[int, ...] = model_key((128, 256, 256, 256))  # channels per U-Net level
-    layers_per_block: int = model_key(2)  # residual blocks per level
-    down_block_types: typing.Tuple[str, ...] = model_key(("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"))  # encoder blocks
-    up_block_types: typing.Tuple[str, ...] = model_key(("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"))  # decoder blocks
-    attention_head_dim: typing.Optional[int] = model_key(None)  # channels per attention head; None = one head per layer (DDPM)
-    dropout: float = model_key(0.1)  # dropout in the residual blocks
-    norm_num_groups: int = model_key(32)  # GroupNorm groups
+    block_out_channels: typing.Tuple[int, ...] = setting(
+        (128, 256, 256, 256), "channels per U-Net level", section="model (UNet2DModel)", model_key=True)
+    layers_per_block: int = setting(2, "residual blocks per level", model_key=True)
+    down_block_types: typing.Tuple[str, ...] = setting(
+        ("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"), "encoder blocks", model_key=True)
+    up_block_types: typing.Tuple[str, ...] = setting(
+        ("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"), "decoder blocks", model_key=True)
+    attention_head_dim: typing.Optional[int] = setting(
+        None, "channels per attention head; None = one head per layer (DDPM)", model_key=True)
+    dropout: float = setting(0.1, "dropout in the residual blocks", model_key=True)
+    norm_num_groups: int = setting(32, "GroupNorm groups", model_key=True)
 
-    # --- diffusion (DDPMScheduler) ---
-    ddpm_num_steps: int = model_key(1000)  # diffusion steps T
-    ddpm_beta_schedule: str = model_key("linear")  # linear | scaled_linear | squaredcos_cap_v2 | sigmoid
-    ddpm_beta_start: float = model_key(1e-4)  # beta_1
-    ddpm_beta_end: float = model_key(0.02)  # beta_T
-    prediction_type: str = model_key("epsilon")  # epsilon | sample | v_prediction
-    ddpm_num_inference_steps: int = 1000  # DDPM ancestral steps for the preview grids
+    ddpm_num_steps: int = setting(1000, "diffusion steps T", section="diffusion (DDPMScheduler)", model_key=True)
+    ddpm_beta_schedule: str = setting(
+        "linear", "linear | scaled_linear | squaredcos_cap_v2 | sigmoid",
+        choices=("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid"), model_key=True)
+    ddpm_beta_start: float = setting(1e-4, "beta_1", model_key=True)
+    ddpm_beta_end: float = setting(0.02, "beta_T", model_key=True)
+    prediction_type: str = setting(
+        "epsilon", "epsilon | sample | v_prediction", choices=("epsilon", "sample", "v_prediction"), model_key=True)
+    ddpm_num_inference_steps: int = setting(1000, "DDPM ancestral steps for the preview grids")
 
-    # --- objective and timestep sampling ---
-    loss_weighting: str = model_key("none")  # objective w(t): none (L_simple) | min_snr | p2
-    snr_gamma: float = model_key(5.0)  # Min-SNR gamma (Hang et al. 2023)
-    p2_gamma: float = model_key(1.0)  # P2 exponent gamma (Choi et al. 2022)
-    p2_k: float = model_key(1.0)  # P2 offset k
-    timestep_sampler: str = model_key("uniform")  # how t is drawn: uniform | iddpm | speed | edm2_uncertainty | kim2025 | adaptive
-    uncertainty_lr: float = 1e-2  # Adam learning rate of edm2_uncertainty's log-variances u_t
-    speed_k: float = 5.0  # SpeeD: sampling weight of t < tau relative to t >= tau
-    speed_lambda: float = 0.6  # SpeeD: change-aware weighting strength lambda
-    adaptive_balance: float = 0.5  # adaptive: objective weight E[L_t]^-beta at the start (0 = configured, 0.5 = gradient-balanced, 1 = loss-balanced)
-    adaptive_balance_final: typing.Optional[float] = 0.0  # adaptive: beta at the end of the anneal (linear in progress); None = constant
-    adaptive_anneal_fraction: float = 1.0  # adaptive: share of the run over which beta goes to its final value (then stays)
-    adaptive_weight_floor: float = 0.0  # adaptive: lambda >= this x the configured objective's weight (0 = no floor)
-    adaptive_bins: int = 100  # adaptive: timestep bins of the running loss statistics
-    adaptive_uniform_mix: float = 0.1  # adaptive: uniform floor of the proposal
-    adaptive_ema: float = 0.05  # adaptive: statistics update rate per sample of a bin
-    adaptive_warmup_steps: int = 20  # adaptive: uniform draws and configured objective for the first N steps
-    adaptive_stratified: bool = True  # adaptive: stratified (low-discrepancy) draws over the global batch
-    adaptive_normalize: str = "unit"  # adaptive: unit = expected weighted loss 1 (stationary gradient scale) | mean
-    adaptive_proposal: str = "loss"  # adaptive: p ~ lambda x loss RMS (loss) | x sqrt(mean loss) (grad) | uniform
-    adaptive_proposal_power: float = 1.0  # adaptive: exponent gamma on the proposal's per-bin statistic (p ~ lambda x stat^gamma; 1 = as named, 0 = lambda alone)
-    adaptive_loss_scale: typing.Optional[float] = None  # adaptive: fixed loss scale s (ablations); None = the clip-anchored rule s = max_grad_norm / peak smoothed gradient norm per unit scale
+    loss_weighting: str = setting(
+        "none", "objective w(t): none (L_simple) | min_snr | p2",
+        section="objective and timestep sampling", choices=("none", "min_snr", "p2"), model_key=True)
+    snr_gamma: float = setting(5.0, "Min-SNR gamma (Hang et al. 2023)", model_key=True)
+    p2_gamma: float = setting(1.0, "P2 exponent gamma (Choi et al. 2022)", model_key=True)
+    p2_k: float = setting(1.0, "P2 offset k", model_key=True)
+    timestep_sampler: str = setting(
+        "uniform", "how t is drawn: a method of its own --help section below, or pkg.module:Class (docs/adaptive.md)",
+        model_key=True)
+    # the method's Options (timesteps/registry.py): its fields are flags and config keys of their own
+    timestep_options: typing.Any = field(default=None, metadata={"options": True})
 
-    # --- optimisation ---
-    train_batch_size: int = 128  # images per device per micro-step
-    gradient_accumulation_steps: int = 1  # micro-steps per optimizer step
-    learning_rate: float = 2e-4  # peak learning rate
-    lr_scheduler: str = "constant_with_warmup"  # constant | constant_with_warmup | linear | cosine | cosine_with_restarts | polynomial
-    lr_warmup_steps: int = 5000  # optimizer steps of linear warm-up (independent of process count)
-    adam_beta1: float = 0.9  # AdamW beta1
-    adam_beta2: float = 0.999  # AdamW beta2
-    adam_weight_decay: float = 0.0  # AdamW decoupled weight decay (0 = Adam, as in DDPM)
-    adam_epsilon: float = 1e-8  # AdamW epsilon
-    max_grad_norm: float = 1.0  # gradient clipping by global norm; 0 disables
-    max_train_steps: typing.Optional[int] = 800_000  # optimizer steps; None = num_epochs over the data
-    num_epochs: typing.Optional[int] = None  # epochs, used when max_train_steps is None
-    max_train_minutes: typing.Optional[float] = None  # wall-clock budget of training (evaluation excluded); stop and save when spent
-    mixed_precision: typing.Optional[str] = None  # no | fp16 | bf16; None = the accelerate config's choice
+    train_batch_size: int = setting(128, "images per device per micro-step", section="optimisation")
+    gradient_accumulation_steps: int = setting(1, "micro-steps per optimizer step")
+    learning_rate: float = setting(2e-4, "peak learning rate")
+    lr_scheduler: str = setting(
+        "constant_with_warmup", "constant | constant_with_warmup | linear | cosine | cosine_with_restarts | "
+        "polynomial",
+        choices=("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"))
+    lr_warmup_steps: int = setting(5000, "optimizer steps of linear warm-up (independent of process count)")
+    adam_beta1: float = setting(0.9, "AdamW beta1")
+    adam_beta2: float = setting(0.999, "AdamW beta2")
+    adam_weight_decay: float = setting(0.0, "AdamW decoupled weight decay (0 = Adam, as in DDPM)")
+    adam_epsilon: float = setting(1e-8, "AdamW epsilon")
+    max_grad_norm: float = setting(1.0, "gradient clipping by global norm; 0 disables")
+    max_train_steps: typing.Optional[int] = setting(800_000, "optimizer steps; None = num_epochs over the data")
+    num_epochs: typing.Optional[int] = setting(None, "epochs, used when max_train_steps is None")
+    max_train_minutes: typing.Optional[float] = setting(
+        None, "wall-clock budget of training (evaluation excluded); stop and save when spent")
+    mixed_precision: typing.Optional[str] = setting(
+        None, "no | fp16 | bf16; None = the accelerate config's choice", choices=("no", "fp16", "bf16"))
 
-    # --- EMA ---
-    use_ema: bool = model_key(True)  # keep an exponential moving average of the weights (sampled and exported)
-    ema_max_decay: float = 0.9999  # decay cap
-    ema_min_decay: float = 0.0  # decay floor
-    ema_warmup: str = "power"  # power: 1-(1+n/inv_gamma)^-power (Diffusers EMAModel) | ratio: (1+n)/(10+n) | none
-    ema_inv_gamma: float = 1.0  # inverse multiplicative factor of the power warm-up
-    ema_power: float = 0.75  # exponent of the power warm-up
+    use_ema: bool = setting(
+        True, "keep an exponential moving average of the weights (sampled and exported)", section="EMA", model_key=True)
+    ema_max_decay: float = setting(0.9999, "decay cap")
+    ema_min_decay: float = setting(0.0, "decay floor")
+    ema_warmup: str = setting(
+        "power", "power: 1-(1+n/inv_gamma)^-power (Diffusers EMAModel) | ratio: (1+n)/(10+n) | none",
+        choices=("power", "ratio", "none"))
+    ema_inv_gamma: float = setting(1.0, "inverse multiplicative factor of the power warm-up")
+    ema_power: float = setting(0.75, "exponent of the power warm-up")
 
-    # --- speed ---
-    allow_tf32: bool = True  # TF32 matmuls/convolutions on Ampere+ GPUs
-    channels_last: bool = False  # NHWC memory format for the U-Net
-    attention_impl: str = "auto"  # attention kernel: auto (matmul on the CPU under bf16 autocast, else sdpa) | sdpa | classic | matmul (bf16 matmuls over cache-sized groups of heads)
-    compile: bool = False  # torch.compile the U-Net's training forward (compile time is reported, not counted as training)
-    gradient_checkpointing: bool = False  # recompute U-Net block activations in the backward pass (less memory, slower)
+    allow_tf32: bool = setting(True, "TF32 matmuls/convolutions on Ampere+ GPUs", section="speed")
+    channels_last: bool = setting(False, "NHWC memory format for the U-Net")
+    attention_impl: str = setting(
+        "auto", "attention kernel: auto (matmul on the CPU under bf16 autocast, else sdpa) | sdpa | classic | matmul "
+        "(bf16 matmuls over cache-sized groups of heads)", choices=("auto", "sdpa", "classic", "matmul"))
+    compile: bool = setting(
+        False, "torch.compile the U-Net's training forward (compile time is reported, not counted as training)")
+    gradient_checkpointing: bool = setting(
+        False, "recompute U-Net block activations in the backward pass (less memory, slower)")
 
-    # --- logging, previews, checkpoints ---
-    logger: str = "tensorboard"  # tensorboard | wandb | none
-    logging_dir: str = "logs"  # tracker folder, relative to output_dir
-    tracker_project_name: str = "adaptive-diffusion"  # project name given to the trackers
-    logging_steps: int = 50  # optimizer steps between statistics flushes (the only per-step host syncs)
-    log_timestep_bins: bool = False  # also send the per-timestep-bin diagnostics (timesteps/...) of uniform sampling to the trackers (always for other methods; stats.jsonl has them)
-    save_images_steps: typing.Optional[int] = 10_000  # optimizer steps between EMA sample grids; None = only at the end
-    num_grid_images: int = 64  # images in each sample grid (fixed seeds, comparable over time)
-    checkpointing_steps: typing.Optional[int] = 5_000  # optimizer steps between resumable checkpoints; None = only at the end
-    checkpoints_total_limit: typing.Optional[int] = None  # keep only the newest N complete checkpoints
-    resume_from_checkpoint: typing.Optional[str] = None  # 'latest' or a checkpoint folder
-    ddp_timeout_minutes: float = 10.0  # how long a rank waits in a collective for a stopped or wedged peer before failing (gloo/NCCL timeout)
+    logger: str = setting(
+        "tensorboard", "tensorboard | wandb | none",
+        section="logging, previews, checkpoints", choices=("tensorboard", "wandb", "none"))
+    logging_dir: str = setting("logs", "tracker folder, relative to output_dir")
+    tracker_project_name: str = setting("adaptive-diffusion", "project name given to the trackers")
+    logging_steps: int = setting(50, "optimizer steps between statistics flushes (the only per-step host syncs)")
+    log_timestep_bins: bool = setting(
+        False, "also send the per-timestep-bin diagnostics (timesteps/...) of uniform sampling to the trackers "
+        "(always for other methods; stats.jsonl has them)")
+    save_images_steps: typing.Optional[int] = setting(
+        10_000, "optimizer steps between EMA sample grids; None = only at the end")
+    num_grid_images: int = setting(64, "images in each sample grid (fixed seeds, comparable over time)")
+    checkpointing_steps: typing.Optional[int] = setting(
+        5_000, "optimizer steps between resumable checkpoints; None = only at the end")
+    checkpoints_total_limit: typing.Optional[int] = setting(None, "keep only the newest N complete checkpoints")
+    resume_from_checkpoint: typing.Optional[str] = setting(None, "'latest' or a checkpoint folder")
+    ddp_timeout_minutes: float = setting(
+        10.0, "how long a rank waits in a collective for a stopped or wedged peer before failing (gloo/NCCL timeout)")
 
-    # --- export, Hub, post-hoc EMA ---
-    save_model_steps: typing.Optional[int] = None  # optimizer steps between DDPMPipeline exports to output_dir (always at the end)
-    push_to_hub: bool = False  # upload each export to the Hub in the background; token and repo are checked before the first step
-    hub_model_id: typing.Optional[str] = None  # Hub repo id; None = the output_dir's folder name
-    hub_token: typing.Optional[str] = None  # Hub token (else HF_TOKEN or the cached login); never written anywhere
-    hub_private_repo: bool = False  # create the Hub repo private
-    push_checkpoints: bool = False  # also upload training-state checkpoint-* folders (off: only the pipeline and card)
-    hub_upload_timeout: float = 300.0  # seconds the end of a run waits for its upload; then it says what is missing and exits 3
-    ema_snapshots: typing.Tuple[float, ...] = ()  # sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10)
-    ema_snapshot_steps: int = 5000  # optimizer steps between post-hoc EMA snapshots (output_dir/ema_snapshots/)
+    save_model_steps: typing.Optional[int] = setting(
+        None, "optimizer steps between DDPMPipeline exports to output_dir (always at the end)",
+        section="export, Hub, post-hoc EMA")
+    push_to_hub: bool = setting(
+        False, "upload each export to the Hub in the background; token and repo are checked before the first step")
+    hub_model_id: typing.Optional[str] = setting(None, "Hub repo id; None = the output_dir's folder name")
+    hub_token: typing.Optional[str] = setting(
+        None, "Hub token (else HF_TOKEN or the cached login); never written anywhere")
+    hub_private_repo: bool = setting(False, "create the Hub repo private")
+    push_checkpoints: bool = setting(
+        False, "also upload training-state checkpoint-* folders (off: only the pipeline and card)")
+    hub_upload_timeout: float = setting(
+        300.0, "seconds the end of a run waits for its upload; then it says what is missing and exits 3")
+    ema_snapshots: typing.Tuple[float, ...] = setting(
+        (), "sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10)")
+    ema_snapshot_steps: int = setting(
+        5000, "optimizer steps between post-hoc EMA snapshots (output_dir/ema_snapshots/)")
 
-    # --- evaluation during training (time excluded from the training budget) ---
-    eval_steps: typing.Optional[int] = None  # optimizer steps between evaluations; None = only at eval_at_steps
-    eval_at_steps: typing.Tuple[int, ...] = ()  # explicit evaluation points in optimizer steps (e.g. the benchmark's)
-    eval_num_images: int = 10_000  # generated images per evaluation
-    eval_inference_steps: int = 100  # DDPM ancestral sampling steps per image (respaced when < ddpm_num_steps)
-    eval_batch_size: int = 256  # sampling batch per device
-    eval_seed_offset: int = 1_000_000  # image i of every evaluation is generated from seed eval_seed_offset + i
-    eval_feature_extractor: str = "inception"  # 'inception' (clean-fid, FID) or a TorchScript .pt (proxy FD)
-    eval_mode: str = "clean"  # clean-fid mode for Inception: clean | legacy_tensorflow | legacy_pytorch
-    eval_ref_stats: typing.Optional[str] = None  # .npz with mu and sigma; None = CIFAR-10 train stats or built from eval_ref_dir
-    eval_ref_dir: typing.Optional[str] = None  # folder/.zip of reference images; None = the training data
-    eval_ref_num_images: int = 10_000  # reference images: a fixed random subset (seed 0) at the training resolution
+    eval_steps: typing.Optional[int] = setting(
+        None, "optimizer steps between evaluations; None = only at eval_at_steps",
+        section="evaluation during training (time excluded from the training budget)")
+    eval_at_steps: typing.Tuple[int, ...] = setting(
+        (), "explicit evaluation points in optimizer steps (e.g. the benchmark's)")
+    eval_num_images: int = setting(10_000, "generated images per evaluation")
+    eval_inference_steps: int = setting(100, "DDPM ancestral sampling steps per image (respaced when < ddpm_num_steps)")
+    eval_batch_size: int = setting(256, "sampling batch per device")
+    eval_seed_offset: int = setting(
+        1_000_000, "image i of every evaluation is generated from seed eval_seed_offset + i")
+    eval_feature_extractor: str = setting("inception", "'inception' (clean-fid, FID) or a TorchScript .pt (proxy FD)")
+    eval_mode: str = setting(
+        "clean", "clean-fid mode for Inception: clean | legacy_tensorflow | legacy_pytorch",
+        choices=("clean", "legacy_tensorflow", "legacy_pytorch"))
+    eval_ref_stats: typing.Optional[str] = setting(
+        None, ".npz with mu and sigma; None = CIFAR-10 train stats or built from eval_ref_dir")
+    eval_ref_dir: typing.Optional[str] = setting(None, "folder/.zip of reference images; None = the training data")
+    eval_ref_num_images: int = setting(
+        10_000, "reference images: a fixed random subset (seed 0) at the training resolution")
+
+    def __post_init__(self):
+        """`timestep_options`: None (the method's defaults), a dict of them or another method's options (their
+        shared fields) become the method's `Options`."""
+        opts = self.timestep_options
+        try:
+            method = _methods().method(self.timestep_sampler)
+        except ConfigError:
+            if not _methods().EXTERNAL.match(self.timestep_sampler):
+                raise
+            # a user's method that does not import here (sampling a run trained with it needs no method): its
+            # options stay a dict, and validate() - which every training run passes - reports the import error
+            object.__setattr__(self, "timestep_options", types.MappingProxyType(dict(opts or {})))
+            return
+        if not isinstance(opts, method.Options):
+            values = dataclasses.asdict(opts) if dataclasses.is_dataclass(opts) else dict(opts or {})
+            object.__setattr__(self, "timestep_options", _methods().options_from(method, values))
+
+    @property
+    def method(self) -> type[TimestepSampler]:
+        """The class of the configured timestep method."""
+        return _methods().method(self.timestep_sampler)
 
     def to_dict(self, include_secrets: bool = False) -> dict:
-        """Plain JSON-ready dict; secrets are dropped unless asked for."""
+        """Plain JSON-ready dict, the method's options as keys of their own; secrets are dropped unless asked for."""
         out = {}
         for f in fields(self):
             if f.name in SECRET_FIELDS and not include_secrets:
+                continue
+            if f.metadata.get("options"):
+                opts = self.timestep_options
+                values = dataclasses.asdict(opts) if dataclasses.is_dataclass(opts) else dict(opts)
+                out.update({k: list(v) if isinstance(v, tuple) else v for k, v in values.items()})
                 continue
             v = getattr(self, f.name)
             out[f.name] = list(v) if isinstance(v, tuple) else v
@@ -181,15 +236,42 @@ class TrainConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        names = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(d) - set(names))
-        if unknown:
+    def from_dict(cls, d: dict, strict: bool = True) -> "TrainConfig":
+        """From `to_dict`'s form (older configs, which kept every method's options, too); `strict`: unknown keys
+        are an error, else dropped."""
+        d = current_keys(d)
+        spec = d.get("timestep_sampler", cls.timestep_sampler)
+        try:
+            options = set(_methods().option_names(_methods().method(spec)))
+        except ConfigError:
+            if not _methods().EXTERNAL.match(spec):
+                raise
+            options = set(d) - set(config_fields())  # a user's method that does not import here: see __post_init__
+        unknown = sorted(set(d) - set(config_fields()) - options)
+        if unknown and strict:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
-        kwargs = {}
-        for k, v in d.items():
-            kwargs[k] = tuple(v) if isinstance(v, list) else v
-        return cls(**kwargs)
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in config_fields()}
+        return cls(**kwargs, timestep_options={k: v for k, v in d.items() if k in options})
+
+
+def _methods():
+    """adaptive.timesteps.registry, imported on first use (see the module docstring: it imports torch)."""
+    from .timesteps import registry
+
+    return registry
+
+
+def config_fields() -> dict[str, dataclasses.Field]:
+    """The fields of TrainConfig that are flags and keys of their own (all but `timestep_options`)."""
+    return {f.name: f for f in fields(TrainConfig) if not f.metadata.get("options")}
+
+
+def current_keys(saved: dict) -> dict:
+    """A saved config without the options of the methods it did not use (configs written before the methods owned
+    their options kept every method's)."""
+    chosen = saved.get("timestep_sampler", TrainConfig.timestep_sampler)
+    return {k: v for k, v in saved.items()
+            if (owner := _methods().owner_of(k)) is None or owner.name == chosen or k in config_fields()}
 
 
 # Presets are plain dicts of the fields they set; everything else keeps the dataclass default.
@@ -245,48 +327,9 @@ PRESETS: dict[str, dict] = {
     "cpu-tiny16": dict(resolution=16, **_TINY_MODEL, **_TINY_TRAINING),
 }
 
-# Closed sets of values, checked by the parser (one-line error on anything else).
-CHOICES: dict[str, tuple] = {
-    "preset": tuple(PRESETS),
-    "data_device": ("auto", "cpu"),
-    "ddpm_beta_schedule": ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid"),
-    "prediction_type": ("epsilon", "sample", "v_prediction"),
-    "loss_weighting": ("none", "min_snr", "p2"),
-    "timestep_sampler": ("uniform", "iddpm", "speed", "edm2_uncertainty", "kim2025", "adaptive"),
-    "lr_scheduler": ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"),
-    "mixed_precision": ("no", "fp16", "bf16"),
-    "ema_warmup": ("power", "ratio", "none"),
-    "logger": ("tensorboard", "wandb", "none"),
-    "eval_mode": ("clean", "legacy_tensorflow", "legacy_pytorch"),
-    "attention_impl": ("auto", "sdpa", "classic", "matmul"),
-    "adaptive_normalize": ("unit", "mean"),
-    "adaptive_proposal": ("loss", "grad", "uniform"),
-}
-
-
-def field_comments(cls=TrainConfig) -> dict[str, str]:
-    """The `# comment` of every dataclass field: the help text of its flag."""
-    out = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+): [^#]+?#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
-    return out
-
-
-def field_sections(cls=TrainConfig) -> dict[str, str]:
-    """The section of every dataclass field: the `# --- name ---` line above it."""
-    out, section = {}, "run"
-    for line in inspect.getsource(cls).splitlines():
-        head = re.match(r"\s+# --- (.+) ---", line)
-        if head:
-            section = head.group(1)
-        m = re.match(r"\s+(\w+): ", line)
-        if m and m.group(1) in cls.__dataclass_fields__:
-            out[m.group(1)] = section
-    return out
-
-
+# Closed sets of values, checked by the parser (one-line error on anything else); each field's `choices`.
+CHOICES: dict[str, tuple] = {"preset": tuple(PRESETS),
+                             **{f.name: f.metadata["choices"] for f in fields(TrainConfig) if "choices" in f.metadata}}
 MODEL_KEYS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("model_key"))
 
 
@@ -360,13 +403,13 @@ def _fmt_default(v) -> str:
     return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
 
 
-def help_text(name: str, comment: str, cls=TrainConfig) -> str:
-    """The field's comment, its default (none shown for an empty list) and the presets that set it otherwise."""
-    default = cls.__dataclass_fields__[name].default
-    by_preset = {p: v[name] for p, v in PRESETS.items() if name in v and v[name] != default}
+def help_text(f: dataclasses.Field, presets: bool = True) -> str:
+    """The field's help, its default (none shown for an empty list) and the presets that set it otherwise."""
+    default = f.default
+    by_preset = {p: v[f.name] for p, v in PRESETS.items() if f.name in v and v[f.name] != default} if presets else {}
     shown = ([] if default == () else [f"default {_fmt_default(default)}"])
     shown += [f"{p}: {_fmt_default(v)}" for p, v in by_preset.items()]
-    return (f"{comment} [{'; '.join(shown)}]" if shown else comment).replace("%", "%%")
+    return (f"{help_of(f)} [{'; '.join(shown)}]" if shown else help_of(f)).replace("%", "%%")
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -381,78 +424,107 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{text} [default {_fmt_default(default).replace('%', '%%')}]"
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls=TrainConfig) -> None:
-    """One flag per dataclass field, grouped by section, default None so that presets can fill the gaps."""
-    helps, sections = field_comments(cls), field_sections(cls)
-    hints = typing.get_type_hints(cls)
+def add_config_arguments(parser: argparse.ArgumentParser, argv: typing.Optional[list[str]] = None) -> None:
+    """One flag per config field, grouped by section, default None so that presets can fill the gaps; then one
+    section per timestep method with its options (the built-in ones, and a `pkg.module:Class` named in `argv`)."""
+    hints = typing.get_type_hints(TrainConfig)
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in fields(cls):
-        group = groups.setdefault(sections[f.name], parser.add_argument_group(sections[f.name]))
-        tp, optional = _base_type(hints[f.name])
-        kw: dict = dict(default=None, help=help_text(f.name, helps.get(f.name, ""), cls))
-        if tp is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(tp) is tuple:
-            elem = typing.get_args(tp)[0]
-            kw["type"] = lambda s, elem=elem: [elem(x) for x in s.split(",") if x]
-            kw["nargs"] = "+"
-            kw["metavar"] = elem.__name__.upper()
-        else:
-            kw["type"] = _optional(tp) if optional else tp
-            if f.name in CHOICES:
-                kw["choices"] = list(CHOICES[f.name]) + ([EXPLICIT_NONE] if optional else [])
-                kw["metavar"] = "{" + ",".join(CHOICES[f.name]) + "}"
-        group.add_argument(f"--{f.name}", **kw)
+    for f in config_fields().values():
+        section = sections(TrainConfig)[f.name]
+        group = groups.setdefault(section, parser.add_argument_group(section))
+        metavar = "{" + ",".join(_methods().METHODS) + "}|pkg.module:Class" if f.name == "timestep_sampler" else None
+        _add_flag(group, f, hints[f.name], help_text(f), CHOICES.get(f.name), metavar)
+    for cls in methods_named(argv):
+        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
+        group = parser.add_argument_group(f"timestep method {cls.name} (--timestep_sampler {method_spec(cls)})",
+                                          " ".join(doc.split()) or None)
+        hints = typing.get_type_hints(cls.Options)
+        for f in fields(cls.Options):
+            _add_flag(group, f, hints[f.name], help_text(f, presets=False), f.metadata.get("choices"))
+
+
+def method_spec(cls) -> str:
+    """What --timestep_sampler takes for a method class: its name, or pkg.module:Class for one not registered."""
+    return cls.name if _methods().METHODS.get(cls.name) is cls else f"{cls.__module__}:{cls.__qualname__}"
+
+
+def methods_named(argv: typing.Optional[list[str]]) -> list:
+    """The registered methods and the `pkg.module:Class` given as --timestep_sampler in `argv` (if any)."""
+    found = list(_methods().METHODS.values())
+    for i, arg in enumerate(argv or []):
+        value = argv[i + 1] if arg == "--timestep_sampler" and i + 1 < len(argv) else (
+            arg.split("=", 1)[1] if arg.startswith("--timestep_sampler=") else None)
+        if value and value not in _methods().METHODS and _methods().EXTERNAL.match(value):
+            cls = _methods().method(value)
+            if cls not in found:
+                found.append(cls)
+    return found
+
+
+def _add_flag(group, f: dataclasses.Field, hint, help: str, choices: typing.Optional[tuple],
+              metavar: typing.Optional[str] = None) -> None:
+    tp, optional = _base_type(hint)
+    kw: dict = dict(default=None, help=help, **({"metavar": metavar} if metavar else {}))
+    if tp is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    elif typing.get_origin(tp) is tuple:
+        elem = typing.get_args(tp)[0]
+        kw["type"] = lambda s, elem=elem: [elem(x) for x in s.split(",") if x]
+        kw["nargs"] = "+"
+        kw["metavar"] = elem.__name__.upper()
+    else:
+        kw["type"] = _optional(tp) if optional else tp
+        if choices:
+            kw["choices"] = list(choices) + ([EXPLICIT_NONE] if optional else [])
+            kw["metavar"] = "{" + ",".join(choices) + "}"
+    group.add_argument(f"--{f.name}", **kw)
 
 
 # Keys of a saved config that are never taken over: they say what this invocation should do to the folder.
 NOT_INHERITED = ("overwrite_output_dir", "resume_from_checkpoint")
 
 
-def resolve_config(args: argparse.Namespace, cls=TrainConfig, saved: typing.Optional[dict] = None) -> TrainConfig:
-    """Dataclass defaults <- preset <- a saved config (a run's config.json or --config file) <- flags that were given."""
+def resolve_config(args: argparse.Namespace, saved: typing.Optional[dict] = None) -> TrainConfig:
+    """Dataclass defaults <- preset <- a saved config (a run's config.json or --config file) <- flags that were given;
+    the method's options likewise (a flag of another method than the chosen one is an error)."""
     saved = {k: v for k, v in (saved or {}).items() if k not in NOT_INHERITED and k not in SECRET_FIELDS}
-    unknown = sorted(set(saved) - set(cls.__dataclass_fields__))
-    if unknown:
-        raise ConfigError(f"the saved config has unknown keys: {', '.join(unknown)}")
-    preset_name = getattr(args, "preset", None) or saved.get("preset") or cls.preset
+    preset_name = getattr(args, "preset", None) or saved.get("preset") or TrainConfig.preset
     if preset_name not in PRESETS:
         raise ConfigError(f"unknown preset {preset_name!r} (choose from {', '.join(PRESETS)})")
+    chosen = getattr(args, "timestep_sampler", None) or saved.get("timestep_sampler") or PRESETS[preset_name].get(
+        "timestep_sampler", TrainConfig.timestep_sampler)
+    method = _methods().method(chosen)
+    saved = current_keys({**saved, "timestep_sampler": chosen})
+    options = _methods().option_names(method)
+    unknown = sorted(set(saved) - set(config_fields()) - set(options))
+    if unknown:
+        raise ConfigError(f"the saved config has unknown keys: {', '.join(unknown)}")
     values = {**PRESETS[preset_name], **{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()},
               "preset": preset_name}
-    for f in fields(cls):
-        v = getattr(args, f.name, None)
-        if v is None:
+    hints = {**typing.get_type_hints(TrainConfig), **typing.get_type_hints(method.Options)}
+    for name, v in vars(args).items():
+        if v is None or (name not in config_fields() and name not in options):
+            if v is not None and (owner := _methods().owner_of(name)) is not None:
+                raise ConfigError(f"--{name} is an option of --timestep_sampler {owner.name}, not of {chosen}")
             continue
         if v is EXPLICIT_NONE:
-            values[f.name] = None
-            continue
-        if typing.get_origin(_base_type(typing.get_type_hints(cls)[f.name])[0]) is tuple:
+            v = None
+        elif typing.get_origin(_base_type(hints[name])[0]) is tuple:
             v = tuple(x for part in v for x in (part if isinstance(part, list) else [part]))
-        values[f.name] = v
-    cfg = cls(**{k: v for k, v in values.items() if k in {f.name for f in fields(cls)}})
+        values[name] = v
+    cfg = TrainConfig(**{k: v for k, v in values.items() if k in config_fields()},
+                      timestep_options={k: v for k, v in values.items() if k in options})
     validate(cfg)
     return cfg
-
-
-def check_bins(bins: int, num_timesteps: int) -> None:
-    """The adaptive method's timestep bins must split the T timesteps evenly."""
-    if bins < 1 or num_timesteps % bins:
-        raise ConfigError(f"--adaptive_bins {bins} must divide --ddpm_num_steps {num_timesteps}")
 
 
 def validate(cfg: TrainConfig) -> None:
     """Raises ConfigError naming the first invalid value."""
     if not cfg.output_dir.strip():
         raise ConfigError("--output_dir must name a folder (an empty value would train into the current directory)")
-    for f in fields(cfg):  # nan / inf are never meaningful (nan also slips through every range check below)
-        v = getattr(cfg, f.name)
-        if any(isinstance(x, float) and not math.isfinite(x) for x in (v if isinstance(v, tuple) else (v,))):
-            raise ConfigError(f"--{f.name} must be a finite number (got {v})")
-    for name, allowed in CHOICES.items():
-        v = getattr(cfg, name, None)
-        if v is not None and v not in allowed:
-            raise ConfigError(f"--{name} {v!r} is not one of {', '.join(map(str, allowed))}")
+    check_fields(cfg)  # every field: finite, one of its choices, its own check
+    check_fields(cfg.method.Options(**cfg.timestep_options) if isinstance(cfg.timestep_options, typing.Mapping)
+                 else cfg.timestep_options)  # a user's method that did not import: raises its import error first
     _check_counts(cfg)
     _check_run(cfg)
     _check_model_and_method(cfg)
@@ -471,7 +543,7 @@ def _check_counts(cfg: TrainConfig) -> None:
         v = getattr(cfg, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name} must be >= 1 or none (got {v})")
-    for name in ["lr_warmup_steps", "adaptive_warmup_steps", "dataloader_num_workers"]:
+    for name in ["lr_warmup_steps", "dataloader_num_workers"]:
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.attention_head_dim is not None and cfg.attention_head_dim < 1:
@@ -505,27 +577,22 @@ def _check_model_and_method(cfg: TrainConfig) -> None:
         raise ConfigError(f"--dropout must be in [0, 1) (got {cfg.dropout})")
     if not 0.0 <= cfg.ema_min_decay <= cfg.ema_max_decay < 1.0:
         raise ConfigError("EMA decays must satisfy 0 <= --ema_min_decay <= --ema_max_decay < 1")
-    if len(cfg.down_block_types) != len(cfg.block_out_channels) or len(cfg.up_block_types) != len(cfg.block_out_channels):
+    levels = len(cfg.block_out_channels)
+    if len(cfg.down_block_types) != levels or len(cfg.up_block_types) != levels:
         raise ConfigError("--down_block_types, --up_block_types and --block_out_channels must have the same length")
     if cfg.resolution % (2 ** (len(cfg.block_out_channels) - 1)) != 0:
-        raise ConfigError(f"--resolution {cfg.resolution} must be divisible by 2^(levels-1) = {2 ** (len(cfg.block_out_channels) - 1)}")
+        raise ConfigError(f"--resolution {cfg.resolution} must be divisible by 2^(levels-1) = "
+                          f"{2 ** (len(cfg.block_out_channels) - 1)}")
     if any(c % cfg.norm_num_groups for c in cfg.block_out_channels):
-        raise ConfigError(f"every --block_out_channels value must be divisible by --norm_num_groups {cfg.norm_num_groups}")
+        raise ConfigError(f"every --block_out_channels value must be divisible by --norm_num_groups "
+                          f"{cfg.norm_num_groups}")
     if not 0.0 < cfg.ddpm_beta_start < cfg.ddpm_beta_end < 1.0:
         raise ConfigError("betas must satisfy 0 < --ddpm_beta_start < --ddpm_beta_end < 1")
     if cfg.ema_snapshot_steps < 1:
         raise ConfigError("--ema_snapshot_steps must be >= 1")
     if any(not 0.0 < s < 0.289 for s in cfg.ema_snapshots):
         raise ConfigError("--ema_snapshots values are sigma_rel in (0, 0.289) (EDM2 uses 0.05 0.10)")
-    if cfg.adaptive_loss_scale is not None and not cfg.adaptive_loss_scale > 0:
-        raise ConfigError("--adaptive_loss_scale must be > 0")
-    check_bins(cfg.adaptive_bins, cfg.ddpm_num_steps)
-    if cfg.adaptive_weight_floor < 0:
-        raise ConfigError("--adaptive_weight_floor must be >= 0")
-    if not 0.0 <= cfg.adaptive_proposal_power <= 4.0:
-        raise ConfigError(f"--adaptive_proposal_power must be in [0, 4] (got {cfg.adaptive_proposal_power})")
-    if not 0.0 < cfg.adaptive_anneal_fraction <= 1.0:
-        raise ConfigError("--adaptive_anneal_fraction must be in (0, 1]")
+    cfg.method.check_options(cfg.timestep_options, cfg)
     if any(s < 1 for s in cfg.eval_at_steps):
         raise ConfigError("--eval_at_steps must be positive step numbers")
     if cfg.eval_inference_steps > cfg.ddpm_num_steps:
@@ -535,7 +602,13 @@ def _check_model_and_method(cfg: TrainConfig) -> None:
 
 
 def replace(cfg: TrainConfig, **changes) -> TrainConfig:
-    return dataclasses.replace(cfg, **changes)
+    """`cfg` with some fields or method options changed (options of the method the result has)."""
+    own = {k: v for k, v in changes.items() if k in config_fields() or k == "timestep_options"}
+    options = {k: v for k, v in changes.items() if k not in own}
+    out = dataclasses.replace(cfg, **own)
+    if options:
+        out = dataclasses.replace(out, timestep_options=dataclasses.replace(out.timestep_options, **options))
+    return out
 
 
 # Re-scoring a run as it was scored (`sample.py` / `evaluate_fid.py --like_run RUN`): a CLI's table maps its flags to

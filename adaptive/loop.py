@@ -26,47 +26,53 @@ from .rundir import (artifact, check_output_dir, connect_hub, discard_aside, exp
 from .seeding import generator, seed_for
 from .session import (RANGE_FACTOR, Session, end, main_process_logger, nothing_to_train, restore_replaced_run,
                       start_session)
-from .timesteps.base import DIAGNOSTIC_BINS
+from .timesteps.base import DIAGNOSTIC_BINS, Draw, DrawRequest, asked
 from .timesteps.report import log_grid, tracker_values
 
 
 def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
-    """One optimizer step over this rank's micro-batches; returns (local per-sample losses [accum * B], grad norm)."""
+    """One optimizer step over this rank's micro-batches; returns (local per-sample losses [accum * B], grad norm).
+    The timestep sampler is called three times: draw, around the update, observe (adaptive/timesteps/base.py)."""
     cfg, acc, layout, timesteps = run.cfg, run.accelerator, run.layout, run.timesteps
+    rank = acc.process_index
 
-    # Draw this step's timesteps, loss multipliers and noise for the global batch (identical on every rank).
+    # Draw this step's timesteps and loss multipliers (this rank's rows of a global draw identical on every rank)
+    # and the noise for the global batch.
     g = generator(acc.device, cfg.seed, "step", step)
-    draw = timesteps.sample(layout.global_batch, g, step, run_fraction(run, step))  # ([G], [G])
+    request = DrawRequest(layout.global_batch, tuple(layout.slice(i, rank) for i in range(len(micro_batches))), g,
+                          micro_generator=lambda i: generator(acc.device, cfg.seed, "t", step, i, rank),
+                          **asked(timesteps.needs, step=step, fraction=run_fraction(run, step), batch=micro_batches))
+    draw = timesteps.draw(request)  # t, m: [accum * B]
     noise_all = torch.randn((layout.global_batch, 3, cfg.resolution, cfg.resolution), generator=g, device=acc.device)
-    torch.manual_seed(seed_for(cfg.seed, "dropout", acc.process_index, step))  # dropout masks: (seed, rank, step)
+    torch.manual_seed(seed_for(cfg.seed, "dropout", rank, step))  # dropout masks: (seed, rank, step)
 
     # Evaluate the loss and accumulate gradients over this rank's micro-batches.
-    local = [micro_step(run, step, micro, x0, draw, noise_all) for micro, x0 in enumerate(micro_batches)]
+    local = [micro_step(run, micro, x0, draw, noise_all) for micro, x0 in enumerate(micro_batches)]
     losses, local_t = torch.cat([loss for loss, _ in local]), torch.cat([t for _, t in local])
 
     # Optimizer step (pre-clip global norm; without clipping the call only measures it), LR schedule, EMA.
-    timesteps.before_update(run.unet, acc)
-    grad_norm = acc.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-    run.optimizer.step()
-    run.lr_scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    timesteps.after_update(run.unet, acc)
+    with timesteps.around_update(run.unet, acc, draw):
+        clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+        grad_norm = acc.clip_grad_norm_(run.model.parameters(), clip)
+        run.optimizer.step()
+        run.lr_scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
     for avg in (run.ema, run.phema):
         if avg is not None:
             avg.update(run.unet)
 
     # Timestep-sampler update from the global batch.
-    timesteps.update(*gather_global_batch(acc, layout, local_t, losses), grad_norm=grad_norm)
+    timesteps.observe(*gather_global_batch(acc, layout, local_t, losses), **asked(timesteps.needs, grad_norm=grad_norm))
     return losses, grad_norm
 
 
-def micro_step(run: Run, step: int, micro: int, x0: torch.Tensor, draw, noise_all: torch.Tensor):
+def micro_step(run: Run, micro: int, x0: torch.Tensor, draw: Draw, noise_all: torch.Tensor):
     """Forward and backward of one micro-batch x0 [B, 3, S, S] (uint8 -> [-1, 1] already); returns its per-sample
     objective losses w(t) MSE_t [B] (detached) and timesteps [B]."""
     cfg, acc, tables = run.cfg, run.accelerator, run.tables
-    sl = run.layout.slice(micro, acc.process_index)
-    t, m = run.timesteps.take(draw, x0, sl, generator(acc.device, cfg.seed, "t", step, micro, acc.process_index))
-    noise, sa, s1 = noise_all[sl], tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]
+    t, m = draw.micro(micro, run.layout.batch_size)
+    noise = noise_all[run.layout.slice(micro, acc.process_index)]
+    sa, s1 = tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]
     with acc.accumulate(run.model):
         x_t = q_sample(x0, noise, sa, s1)  # [B, 3, S, S]
         if cfg.channels_last:
@@ -228,7 +234,7 @@ def log_statistics(run: Run, session: Session) -> None:
               "img_per_s": window_rate(session, progress), **values}
     session.window = (progress.train_seconds, progress.images_seen)
     session.stats_file.write(record)
-    bins = run.cfg.log_timestep_bins or run.cfg.timestep_sampler != "uniform"
+    bins = run.cfg.log_timestep_bins or run.timesteps.tracks_by_default
     run.accelerator.log(tracker_values(record, bins), step=progress.step)
     loss = values.get("loss", math.nan)
     session.bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{record['img_per_s']:.0f}", lr=f"{record['lr']:.2e}",
@@ -307,7 +313,7 @@ def preview(run: Run, session: Session, unet) -> Optional[Path]:
     out = Path(cfg.output_dir)
     with writing(f"the sample grid of step {run.progress.step}", out, "checkpoints are unaffected"):
         session.report.save_heatmap(artifact(out, "heatmap"), cfg.ddpm_num_steps,
-                                    f"p(t) over training - {cfg.timestep_sampler}")
+                                    f"p(t) over training - {run.timesteps.name}")
         path = save_grid(images, artifact(out, "samples") / f"grid_{run.progress.step:07d}.png")
     log_grid(run.accelerator, np.asarray(Image.open(path)), run.progress.step)
     return path

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
@@ -22,6 +22,12 @@ from .rundir import (artifact, card_for_repo, finish_uploads, lock_output_dir, p
                      run_info, write_run_records)
 from .stats import JsonlWriter, tracker_config
 from .timesteps.report import TimestepReport
+
+if TYPE_CHECKING:  # for the annotations only; the code imports them where it uses them
+    from tqdm.auto import tqdm
+
+    from .evaluation import InTrainingEvaluator
+    from .hub import HubUploader
 
 
 # The loss "leaves its running range" at a log step whose mean loss is over RANGE_FACTOR x the median of the previous
@@ -76,13 +82,13 @@ class LossRange:
 class Session:
     """What one invocation of train() keeps beside the Run: records, uploader, evaluator, stop control, clocks."""
 
-    log: object
+    log: Callable[[str], None]
     info: dict
     stats_file: JsonlWriter
     control: StopControl
-    bar: object
-    uploader: object = None
-    evaluator: object = None
+    bar: tqdm
+    uploader: Optional[HubUploader] = None
+    evaluator: Optional[InTrainingEvaluator] = None
     report: TimestepReport = field(default_factory=TimestepReport)
     window: tuple = (0.0, 0)  # (train seconds, images seen) at the start of the current log window
     logged_step: int = 0  # the step of the last statistics flush (all finite up to it)

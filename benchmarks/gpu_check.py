@@ -41,6 +41,7 @@ FALLBACK_RECORD = "fallback.json"  # written when the data or the feature networ
 def check_settings(preset: str, precision: str, methods: list[str]) -> None:
     """ConfigError naming the first unknown PRESET, PRECISION or METHODS value (before anything runs)."""
     from adaptive.config import CHOICES, PRESETS, ConfigError
+    from adaptive.timesteps import METHODS
 
     if preset not in PRESETS:
         raise ConfigError(f"PRESET {preset!r} is not one of {', '.join(PRESETS)}")
@@ -49,8 +50,8 @@ def check_settings(preset: str, precision: str, methods: list[str]) -> None:
     if not methods:
         raise ConfigError("METHODS is empty")
     for m in methods:
-        if m not in CHOICES["timestep_sampler"]:
-            raise ConfigError(f"METHODS: {m!r} is not one of {', '.join(CHOICES['timestep_sampler'])}")
+        if m not in METHODS:
+            raise ConfigError(f"METHODS: {m!r} is not one of {', '.join(METHODS)}")
 
 
 # ------------------------------------------------------------------------------------------------ fallback inputs

@@ -35,7 +35,7 @@ from adaptive.checkpoint import read_config  # noqa: E402
 from adaptive.config import TrainConfig  # noqa: E402
 from adaptive.data import decode_all, open_entries, to_model_input  # noqa: E402
 from adaptive.model import build_noise_scheduler, build_unet  # noqa: E402
-from adaptive.timesteps.adaptive import balance_weights, proposal  # noqa: E402
+from adaptive.timesteps.adaptive import AdaptiveOptions, balance_weights, proposal  # noqa: E402
 
 
 def second_moment(lam: torch.Tensor, G: torch.Tensor, p: torch.Tensor) -> float:
@@ -159,15 +159,15 @@ def main(argv=None) -> int:
         ap.error("--checkpoint, --data and --out are required (or --summarize FILES)")
 
     raw = read_config(args.checkpoint)
-    fields = {k: v for k, v in raw.items() if k in TrainConfig.__dataclass_fields__}
-    cfg = TrainConfig.from_dict({**fields, "train_data_dir": str(args.data)})
+    cfg = TrainConfig.from_dict({**raw, "train_data_dir": str(args.data)}, strict=False)
+    opts = cfg.timestep_options if isinstance(cfg.timestep_options, AdaptiveOptions) else AdaptiveOptions()
     model = build_unet(cfg)
     model.load_state_dict(load_file(str(args.checkpoint / "model.safetensors")))
     model.train()
     step = int(args.checkpoint.name.rsplit("-", 1)[-1])
     if args.beta is None:
-        b0, b1 = cfg.adaptive_balance, cfg.adaptive_balance_final
-        frac = min(1.0, step / (cfg.max_train_steps * cfg.adaptive_anneal_fraction))
+        b0, b1 = opts.adaptive_balance, opts.adaptive_balance_final
+        frac = min(1.0, step / (cfg.max_train_steps * opts.adaptive_anneal_fraction))
         args.beta = b0 if b1 is None else b0 + (b1 - b0) * frac
     gen = torch.Generator().manual_seed(args.seed)
     torch.manual_seed(args.seed)
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
               "mean_loss": m1.tolist(), "mean_sq_loss": m2.tolist(),
               "mean_sq_grad_norm": sum(G.values()).tolist(),
               "mean_sq_grad_norm_by_group": {n: g.tolist() for n, g in G.items()},
-              **analyse(m1, m2, G, args.beta, cfg.adaptive_uniform_mix)}
+              **analyse(m1, m2, G, args.beta, opts.adaptive_uniform_mix)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     shown = {k: v for k, v in result.items() if not isinstance(v, (list, dict)) or k.startswith("second")}

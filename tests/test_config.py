@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from adaptive.config import PRESETS, ConfigError, TrainConfig, field_comments, replace, resolve_config
+from adaptive.config import PRESETS, ConfigError, TrainConfig, config_fields, replace, resolve_config
+from adaptive.fields import help_of
+from adaptive.timesteps import METHODS
 from adaptive.model import build_noise_scheduler, build_unet, count_parameters
 from train_accelerate import main, parse_args
 
 
-def test_every_field_has_a_comment_and_a_flag():
-    comments = field_comments()
+def test_every_field_and_method_option_has_help_and_a_flag():
     args = parse_args([])
-    for name in TrainConfig.__dataclass_fields__:
-        assert comments.get(name), f"field {name} has no comment"
-        assert hasattr(args, name)
+    every = [*config_fields().values(), *(f for m in METHODS.values() for f in dataclasses.fields(m.Options))]
+    for f in every:
+        assert help_of(f), f"field {f.name} has no help"
+        assert hasattr(args, f.name)
+
+
+def test_help_is_data_and_fits_in_120_columns(capsys):
+    """--help: every method has its own section with its options; no source line of the config over 120 columns."""
+    from pathlib import Path
+
+    import adaptive.config
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = capsys.readouterr().out
+    for name, cls in METHODS.items():
+        assert f"timestep method {name} (--timestep_sampler {name})" in out
+        assert all(f"--{f.name}" in out for f in dataclasses.fields(cls.Options))
+    assert max(map(len, Path(adaptive.config.__file__).read_text().splitlines())) <= 120
 
 
 def test_ddpm_cifar10_preset_is_the_papers_model():
@@ -65,8 +83,11 @@ def test_flags_override_the_preset_and_the_config_round_trips():
     (["--resolution", "18"], "divisible"),
     (["--max_train_steps", "none"], "--max_train_steps or --num_epochs"),
     (["--ddpm_beta_start", "0.5"], "betas"),
-    (["--adaptive_loss_scale", "0"], "--adaptive_loss_scale must be > 0"),
-    (["--adaptive_bins", "7"], "--adaptive_bins 7 must divide --ddpm_num_steps 1000"),
+    (["--timestep_sampler", "adaptive", "--adaptive_loss_scale", "0"], "--adaptive_loss_scale must be > 0"),
+    (["--timestep_sampler", "adaptive", "--adaptive_bins", "7"], "--adaptive_bins 7 must divide --ddpm_num_steps 1000"),
+    (["--adaptive_bins", "50"], "--adaptive_bins is an option of --timestep_sampler adaptive, not of uniform"),
+    (["--timestep_sampler", "no_such"], "--timestep_sampler 'no_such' is not one of uniform"),
+    (["--timestep_sampler", "no_such_pkg.mod:Cls"], "--timestep_sampler no_such_pkg.mod:Cls: cannot import it"),
 ])
 def test_invalid_values_are_one_line_errors(argv, message, capsys):
     assert main(["--preset", "cpu-tiny16", *argv]) == 2

@@ -55,15 +55,13 @@ def golden_runs(tmp: Path, nproc: int) -> dict:
     return json.loads(line[len("GOLDEN "):])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_every_method_ends_bit_identical_to_the_recorded_run(tmp_path, nproc):
-    records = [r for r in json.loads(GOLDEN.read_text())["records"] if r["mixed_precision"] == precision()]
-    assert records, f"no golden record at mixed_precision={precision()}: record one (python tests/test_golden.py)"
-    exact = next((r for r in records if r["fingerprint"] == fingerprint()), None)
-    want = (exact or records[0])["runs"][str(nproc)]
-    got = golden_runs(tmp_path, nproc)["runs"]
-    assert sorted(got) == sorted(want)
+def compare(got: dict, want: dict, exact: bool, nproc: int) -> None:
+    """AssertionError naming what differs between this machine's runs and the record (a method without a record:
+    the command that records it)."""
+    unrecorded = sorted(set(got) - set(want))
+    assert not unrecorded, (f"no golden record of {', '.join(unrecorded)} for this CPU ({fingerprint()['cpu']}, "
+                            f"{precision()}): record it with `python tests/test_golden.py` (docs/architecture.md)")
+    assert sorted(got) == sorted(want), f"recorded methods missing from the registry: {sorted(set(want) - set(got))}"
     if exact:
         diff = {m: [k for k in ("model", "ema", "optimizer", "sampler", "logged") if got[m][k] != want[m][k]]
                 for m in want}
@@ -72,6 +70,29 @@ def test_every_method_ends_bit_identical_to_the_recorded_run(tmp_path, nproc):
         for m in want:
             for k, v in want[m]["sums"].items():
                 assert got[m]["sums"][k] == pytest.approx(v, rel=TOLERANCE), (m, k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_every_method_ends_bit_identical_to_the_recorded_run(tmp_path, nproc):
+    records = [r for r in json.loads(GOLDEN.read_text())["records"] if r["mixed_precision"] == precision()]
+    assert records, f"no golden record at mixed_precision={precision()}: record one (python tests/test_golden.py)"
+    exact = next((r for r in records if r["fingerprint"] == fingerprint()), None)
+    want = (exact or records[0])["runs"][str(nproc)]
+    compare(golden_runs(tmp_path, nproc)["runs"], want, exact is not None, nproc)
+
+
+def test_a_method_without_a_record_fails_naming_the_record_command():
+    """A newly registered method (here faked) is a clear failure that says how to record it."""
+    from helpers.golden_runs import METHODS
+
+    from adaptive.timesteps import METHODS as REGISTERED
+
+    assert set(REGISTERED) <= set(METHODS)  # the golden runs come from the registry
+    record = json.loads(GOLDEN.read_text())["records"][0]["runs"]["1"]
+    with pytest.raises(AssertionError, match=r"no golden record of my_method .*python tests/test_golden.py"):
+        compare({**record, "my_method": record["uniform"]}, record, True, 1)
+    compare(record, record, True, 1)
 
 
 def test_a_golden_record_is_chosen_by_platform_and_precision():

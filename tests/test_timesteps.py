@@ -10,14 +10,15 @@ import torch
 from adaptive.config import PRESETS, TrainConfig
 from adaptive.losses import DiffusionTables, min_snr_eps_weight, objective_weights, p2_eps_weight, snr
 from adaptive.model import build_noise_scheduler
-from adaptive.timesteps import SAMPLERS, build_sampler
+from adaptive.timesteps import METHODS, build_sampler
+from adaptive.timesteps.base import DrawRequest, asked
 from adaptive.timesteps.iddpm import IDDPMSampler
 
 T = 1000
 
 
 def make(name: str, **cfg_kw):
-    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "timestep_sampler": name, **cfg_kw})
+    cfg = TrainConfig.from_dict({**PRESETS["cpu-tiny16"], "timestep_sampler": name, **cfg_kw})
     tables = DiffusionTables.build(build_noise_scheduler(cfg).alphas_cumprod, cfg, "cpu")
     return build_sampler(cfg, "cpu", tables), tables
 
@@ -29,16 +30,19 @@ def synthetic_loss(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
 
 
 def draw(sampler, n: int, generator: torch.Generator, step: int = 0, fraction: float = 0.0):
-    """(t [n], m [n]) as the loop draws them; a method that draws from x0 (kim2025) gets blank 16 px images."""
-    global_draw = sampler.sample(n, generator, step, fraction)
-    return sampler.take(global_draw, torch.zeros(n, 3, 16, 16), slice(0, n), generator)
+    """(t [n], m [n]) as the loop draws them (one rank, one micro-batch); a method that draws from x0 (kim2025) gets
+    blank 16 px images."""
+    request = DrawRequest(n, (slice(0, n),), generator, lambda micro: generator,
+                          **asked(sampler.needs, step=step, fraction=fraction, batch=[torch.zeros(n, 3, 16, 16)]))
+    d = sampler.draw(request)
+    return d.t, d.m
 
 
 def train_sampler(sampler, steps: int = 40, batch: int = 512, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     for step in range(steps):
         t, _ = draw(sampler, batch, torch.Generator().manual_seed(1000 + step))
-        sampler.update(t, synthetic_loss(t, g))
+        sampler.observe(t, synthetic_loss(t, g))
     return sampler
 
 
@@ -68,7 +72,7 @@ def test_importance_samplers_are_exactly_unbiased(name, cfg_kw):
     assert mc == pytest.approx((lam * f).mean().item(), rel=0.01)
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
+@pytest.mark.parametrize("name", sorted(METHODS))
 def test_probabilities_are_valid_and_weights_bounded_under_extreme_losses(name):
     sampler, _ = make(name)
     for fill in (0.0, 1e-30, 1e30, float("nan")):
@@ -80,7 +84,7 @@ def test_probabilities_are_valid_and_weights_bounded_under_extreme_losses(name):
             assert torch.isfinite(w).all() and (w > 0).all()
             loss = torch.full(t.shape, fill)
             loss[::3] = 1.0
-            sampler.update(t, loss)
+            sampler.observe(t, loss)
         p = sampler.probabilities()
         assert torch.isfinite(p).all() and (p > 0).all()
         assert p.sum().item() == pytest.approx(1.0, abs=1e-5)
@@ -88,7 +92,7 @@ def test_probabilities_are_valid_and_weights_bounded_under_extreme_losses(name):
         assert torch.isfinite(w_all).all() and w_all.max() < 1e4
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
+@pytest.mark.parametrize("name", sorted(METHODS))
 def test_state_round_trip_continues_identically(name, tmp_path):
     from adaptive.checkpoint import load_object_state, save_object_state
 
@@ -101,8 +105,8 @@ def test_state_round_trip_continues_identically(name, tmp_path):
         tb, wb = draw(b, 64, torch.Generator().manual_seed(step))
         assert torch.equal(ta, tb) and torch.equal(wa, wb)
         loss = synthetic_loss(ta, torch.Generator().manual_seed(step))
-        a.update(ta, loss)
-        b.update(tb, loss)
+        a.observe(ta, loss)
+        b.observe(tb, loss)
     assert torch.equal(a.probabilities(), b.probabilities())
 
 
@@ -136,7 +140,7 @@ def test_iddpm_probabilities_from_a_known_history():
     loss = torch.tensor([1.0, 2.0, 3.0, 4.0] * 10)
     loss[3] = 0.0  # t = 3 history: nine 4s and one 0
     for _ in range(10):  # warm-up checks happen every 10 updates
-        s.update(t, loss)
+        s.observe(t, loss)
     rms = torch.tensor([1.0, 2.0, 3.0, math.sqrt(9 * 16 / 10)])
     expected = 0.999 * rms / rms.sum() + 0.001 / 4
     assert s.probabilities().tolist() == pytest.approx(expected.tolist(), rel=1e-6)
@@ -146,13 +150,13 @@ def test_iddpm_probabilities_from_a_known_history():
 def test_iddpm_is_uniform_until_every_history_is_full():
     s = IDDPMSampler(4, "cpu")
     for _ in range(10):
-        s.update(torch.tensor([0, 1, 2] * 10), torch.ones(30))  # t = 3 never seen
+        s.observe(torch.tensor([0, 1, 2] * 10), torch.ones(30))  # t = 3 never seen
     assert torch.equal(s.probabilities(), torch.full((4,), 0.25))
 
 
 def test_iddpm_keeps_the_last_ten_losses_of_each_t():
     s = IDDPMSampler(2, "cpu")
-    s.update(torch.tensor([0] * 25 + [1] * 10), torch.cat([torch.arange(25.0), torch.ones(10)]))
+    s.observe(torch.tensor([0] * 25 + [1] * 10), torch.cat([torch.arange(25.0), torch.ones(10)]))
     assert sorted(s.history[0].tolist()) == list(range(15, 25))
 
 
@@ -161,7 +165,7 @@ def test_edm2_uncertainty_learns_the_log_of_the_expected_loss():
     g = torch.Generator().manual_seed(0)
     for step in range(600):
         t, _ = draw(sampler, 1024, torch.Generator().manual_seed(step))
-        sampler.update(t, synthetic_loss(t, g))
+        sampler.observe(t, synthetic_loss(t, g))
     centres = torch.arange(sampler.num_bins) * (T // sampler.num_bins) + T // sampler.num_bins // 2
     expected = (0.02 + 0.5 * torch.exp(-centres.float() / 80)).log()  # E[L] of the synthetic losses
     err = (sampler.u.detach() - expected)[5:]  # the steep first bins' average differs from the centre value
@@ -277,7 +281,8 @@ def test_adaptive_proposal_power_raises_the_statistic_and_keeps_the_objective(ki
     assert not torch.allclose(runs[0.5].probabilities(), runs[1.0].probabilities(), rtol=1e-3)  # it does move them
     from adaptive.config import ConfigError, validate
     with pytest.raises(ConfigError, match="--adaptive_proposal_power must be in"):
-        validate(TrainConfig(**{**PRESETS["cpu-tiny16"], "adaptive_proposal_power": -1.0}))
+        validate(TrainConfig.from_dict({**PRESETS["cpu-tiny16"], "timestep_sampler": "adaptive",
+                                        "adaptive_proposal_power": -1.0}))
 
 
 def test_adaptive_loss_scale_multiplies_every_weight_and_leaves_the_draws_alone():
@@ -293,7 +298,8 @@ def test_adaptive_loss_scale_multiplies_every_weight_and_leaves_the_draws_alone(
     assert (scaled.objective_weights() * m1).mean().item() == pytest.approx(0.1, rel=1e-5)
     from adaptive.config import ConfigError, validate
     with pytest.raises(ConfigError, match="--adaptive_loss_scale must be > 0"):  # checked once, with the config
-        validate(TrainConfig(**{**PRESETS["cpu-tiny16"], "adaptive_loss_scale": 0.0}))
+        validate(TrainConfig.from_dict({**PRESETS["cpu-tiny16"], "timestep_sampler": "adaptive",
+                                        "adaptive_loss_scale": 0.0}))
 
 
 def test_adaptive_anneal_fraction_reaches_the_final_balance_early_and_stays():
@@ -315,7 +321,7 @@ def drive_scale_rule(sampler, unit_norms, seed: int = 0):
         t, _ = draw(sampler, 256, torch.Generator().manual_seed(1000 + step))
         norm = (sampler.scale if sampler.updates >= sampler.warmup else torch.tensor(1.0)) * u
         logged.append(float(norm))
-        sampler.update(t, synthetic_loss(t, g), grad_norm=torch.tensor(float(norm)))
+        sampler.observe(t, synthetic_loss(t, g), grad_norm=torch.tensor(float(norm)))
         scales.append(float(sampler.scale))
         smoothed.append(float(sampler.scale * sampler.unit_norm))
     return logged, scales, smoothed
@@ -365,7 +371,7 @@ def test_adaptive_loss_scale_rule_skips_non_finite_norms_and_round_trips():
     before = float(sampler.scale)
     t, _ = draw(sampler, 64, torch.Generator().manual_seed(0))
     for bad in (math.inf, math.nan):
-        sampler.update(t, torch.ones(64), grad_norm=torch.tensor(bad))
+        sampler.observe(t, torch.ones(64), grad_norm=torch.tensor(bad))
         assert float(sampler.scale) == before and torch.isfinite(sampler.unit_norm_peak)
     clone = make("adaptive", adaptive_warmup_steps=2)[0]
     clone.load_state_dict(sampler.state_dict())

@@ -1,29 +1,34 @@
-"""Timestep samplers by name; `build_sampler(cfg, device, tables)` is what the training set-up calls.
-
-A new method: one file in this package (a TimestepSampler subclass with `from_config`), one line in SAMPLERS, one
-entry in the config's CHOICES["timestep_sampler"], and a test in tests/test_timesteps.py (docs/architecture.md).
+"""Timestep methods: every module of this package but base, registry and report registers one (`@register`), so a
+new method is one file here (docs/architecture.md). `build_sampler(cfg, device, tables)` is what the training set-up
+calls; `registry.method(name)` resolves a `--timestep_sampler` value (a registered name or `pkg.module:Class`).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING
+
 import torch
 
-from .adaptive import AdaptiveSampler
-from .base import TimestepSampler, UniformSampler
-from .edm2 import EDM2UncertaintySampler
-from .iddpm import IDDPMSampler
-from .kim2025 import Kim2025Sampler
-from .speed import SpeeDSampler
+from . import uniform  # noqa: F401  (the default method registers first: the first choice in --help)
+from .base import TimestepSampler
+from .registry import METHODS, method
+from .uniform import UniformSampler
 
-SAMPLERS: dict[str, type[TimestepSampler]] = {
-    cls.name: cls for cls in (UniformSampler, IDDPMSampler, SpeeDSampler, EDM2UncertaintySampler, Kim2025Sampler,
-                AdaptiveSampler)
-}
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from ..losses import DiffusionTables
 
-
-def build_sampler(cfg, device: torch.device | str, tables) -> TimestepSampler:
-    """The configured method; `tables` (DiffusionTables) gives it the schedule's SNR and objective weights."""
-    return SAMPLERS[cfg.timestep_sampler].from_config(cfg, device, tables)
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in ("base", "registry", "report"):
+        importlib.import_module(f"{__name__}.{_module.name}")  # each registers its method
 
 
-__all__ = ["SAMPLERS", "TimestepSampler", "UniformSampler", "build_sampler"]
+def build_sampler(cfg: TrainConfig, device: torch.device | str, tables: DiffusionTables) -> TimestepSampler:
+    """The configured method with its options (`cfg.timestep_options`); `tables` (DiffusionTables) gives it the
+    schedule's SNR and objective weights."""
+    return method(cfg.timestep_sampler).from_options(cfg.timestep_options, cfg, device, tables)
+
+
+__all__ = ["METHODS", "TimestepSampler", "UniformSampler", "build_sampler", "method"]

@@ -17,12 +17,15 @@ Sampling (unbiased for J):
 
 from __future__ import annotations
 
-import torch
-
+from dataclasses import dataclass
 from typing import Optional
 
-from ..config import check_bins
+import torch
+
+from ..errors import ConfigError
+from ..fields import above, at_least, setting, within
 from .base import TimestepSampler, bin_mean
+from .registry import register
 
 NORM_RATE = 0.1  # update rate of the running mean of the gradient norm per unit scale (~10-step memory)
 
@@ -68,8 +71,44 @@ def stratified_bins(p: torch.Tensor, n: int, generator: torch.Generator) -> torc
     return b[torch.randperm(n, generator=generator, device=dev)]
 
 
+def check_bins(bins: int, num_timesteps: int) -> None:
+    """The timestep bins must split the T timesteps evenly."""
+    if bins < 1 or num_timesteps % bins:
+        raise ConfigError(f"--adaptive_bins {bins} must divide --ddpm_num_steps {num_timesteps}")
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    adaptive_balance: float = setting(0.5, "objective weight E[L_t]^-beta at the start (0 = configured, "
+                                           "0.5 = gradient-balanced, 1 = loss-balanced)")
+    adaptive_balance_final: Optional[float] = setting(0.0, "beta at the end of the anneal (linear in progress); "
+                                                           "None = constant")
+    adaptive_anneal_fraction: float = setting(1.0, "share of the run over which beta goes to its final value (then "
+                                                   "stays)", check=within(0, 1, open_low=True))
+    adaptive_weight_floor: float = setting(0.0, "lambda >= this x the configured objective's weight (0 = no floor)",
+                                           check=at_least(0))
+    adaptive_bins: int = setting(100, "timestep bins of the running loss statistics (must divide --ddpm_num_steps)")
+    adaptive_uniform_mix: float = setting(0.1, "uniform floor of the proposal")
+    adaptive_ema: float = setting(0.05, "statistics update rate per sample of a bin")
+    adaptive_warmup_steps: int = setting(20, "uniform draws and configured objective for the first N steps",
+                                         check=at_least(0))
+    adaptive_stratified: bool = setting(True, "stratified (low-discrepancy) draws over the global batch")
+    adaptive_normalize: str = setting("unit", "unit = expected weighted loss 1 (stationary gradient scale) | mean",
+                                      choices=("unit", "mean"))
+    adaptive_proposal: str = setting("loss", "p ~ lambda x loss RMS (loss) | x sqrt(mean loss) (grad) | uniform",
+                                     choices=("loss", "grad", "uniform"))
+    adaptive_proposal_power: float = setting(1.0, "exponent gamma on the proposal's per-bin statistic (p ~ lambda x "
+                                                  "stat^gamma; 1 = as named, 0 = lambda alone)", check=within(0, 4))
+    adaptive_loss_scale: Optional[float] = setting(None, "fixed loss scale s (ablations); None = the clip-anchored "
+                                                         "rule s = max_grad_norm / peak smoothed gradient norm per "
+                                                         "unit scale", check=above(0))
+
+
+@register
 class AdaptiveSampler(TimestepSampler):
     name = "adaptive"
+    Options = AdaptiveOptions
+    needs = frozenset({"fraction", "grad_norm"})  # the balance anneals over the run; the loss scale follows |g|
 
     def __init__(self, num_timesteps: int, device="cpu", tables=None, *, bins: int = 100, balance: float = 0.5,
                  balance_final: Optional[float] = 0.0, anneal_fraction: float = 1.0, weight_floor: float = 0.0,
@@ -84,7 +123,7 @@ class AdaptiveSampler(TimestepSampler):
         self.beta1 = self.beta0 if balance_final is None else float(balance_final)
         self.anneal = float(anneal_fraction)
         self.floor = float(weight_floor)
-        self.fraction = 0.0  # share of the run done, given with every draw (sample)
+        self.fraction = 0.0  # share of the run done, given with every draw
         self.uniform_mix = float(uniform_mix)
         self.rate = float(ema)
         self.warmup = int(warmup_steps)
@@ -96,7 +135,7 @@ class AdaptiveSampler(TimestepSampler):
         # the measured gradient norm, clip_anchored_scale); a number fixes s (the hand-set constant of earlier versions).
         self.fixed_scale = None if loss_scale is None else float(loss_scale)
         self.max_grad_norm = float(max_grad_norm)
-        self.scale = torch.ones((), device=self.device)  # s, set at the end of the warm-up (see update)
+        self.scale = torch.ones((), device=self.device)  # s, set at the end of the warm-up (see observe)
         self.unit_norm = torch.zeros((), device=self.device)  # running mean of the gradient norm per unit scale
         self.unit_norm_peak = torch.zeros((), device=self.device)  # its maximum so far
         self.changes_objective = self.beta0 != 0 or self.beta1 != 0
@@ -107,14 +146,19 @@ class AdaptiveSampler(TimestepSampler):
         self._cache = None
 
     @classmethod
-    def from_config(cls, cfg, device, tables):
-        return cls(cfg.ddpm_num_steps, device, tables, bins=cfg.adaptive_bins, balance=cfg.adaptive_balance,
-                   balance_final=cfg.adaptive_balance_final, anneal_fraction=cfg.adaptive_anneal_fraction,
-                   weight_floor=cfg.adaptive_weight_floor, uniform_mix=cfg.adaptive_uniform_mix, ema=cfg.adaptive_ema,
-                   warmup_steps=cfg.adaptive_warmup_steps, stratified=cfg.adaptive_stratified,
-                   normalize=cfg.adaptive_normalize, proposal=cfg.adaptive_proposal,
-                   proposal_power=cfg.adaptive_proposal_power,
-                   loss_scale=cfg.adaptive_loss_scale, max_grad_norm=cfg.max_grad_norm)
+    def from_options(cls, options: AdaptiveOptions, cfg, device, tables):
+        o = options
+        return cls(cfg.ddpm_num_steps, device, tables, bins=o.adaptive_bins, balance=o.adaptive_balance,
+                   balance_final=o.adaptive_balance_final, anneal_fraction=o.adaptive_anneal_fraction,
+                   weight_floor=o.adaptive_weight_floor, uniform_mix=o.adaptive_uniform_mix, ema=o.adaptive_ema,
+                   warmup_steps=o.adaptive_warmup_steps, stratified=o.adaptive_stratified,
+                   normalize=o.adaptive_normalize, proposal=o.adaptive_proposal,
+                   proposal_power=o.adaptive_proposal_power, loss_scale=o.adaptive_loss_scale,
+                   max_grad_norm=cfg.max_grad_norm)
+
+    @classmethod
+    def check_options(cls, options: AdaptiveOptions, cfg) -> None:
+        check_bins(options.adaptive_bins, cfg.ddpm_num_steps)
 
     @property
     def beta(self) -> float:
@@ -163,8 +207,11 @@ class AdaptiveSampler(TimestepSampler):
         b = t // self.width
         return lam[b] / (self.num_bins * p[b])
 
-    def sample(self, batch_size, generator, step=0, fraction=0.0):
-        self.set_fraction(fraction)
+    def draw(self, request):
+        self.set_fraction(request.fraction)
+        return super().draw(request)
+
+    def sample(self, batch_size, generator):
         _, p = self._tables()
         if self.stratified:
             b = stratified_bins(p, batch_size, generator)
@@ -175,7 +222,7 @@ class AdaptiveSampler(TimestepSampler):
 
     # -- learning ------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def update(self, t, loss, grad_norm=None):
+    def observe(self, t, loss, grad_norm=None):
         t = t.to(self.device)
         loss = loss.detach().float().to(self.device)
         loss = torch.where(torch.isfinite(loss), loss, torch.zeros_like(loss)).clamp(max=1e6)

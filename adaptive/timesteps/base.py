@@ -1,31 +1,81 @@
 """The timestep-sampler contract: everything the training loop knows about how t is chosen and how much it counts.
 
-Per optimizer step the loop calls, in this order, on every rank:
-  sample(G, generator, step, fraction) -> (t [G], m [G])  the whole global batch, identical on every rank (the same
-                                                           generator), or None for methods that draw from x0
-  take(draw, x0, sl, generator) -> (t [B], m [B])          this rank's micro-batch: by default its slice of the draw
+Per optimizer step the loop makes at most three calls, in this order, on every rank:
+  draw(request) -> Draw(t [A*B], m [A*B], context)   this rank's timesteps and loss multipliers for its A micro-batches
+                                                      (micro-batch i = rows i*B:(i+1)*B); by default its slices of one
+                                                      draw for the whole global batch from the step generator
+                                                      (identical on every rank), `sample(G, generator)`
   ... the model minimises mean(m * L), L = w(t) MSE_t the configured objective's per-sample loss ...
-  before_update(model, accelerator)                        optional: methods that measure the model (kim2025)
-  after_update(model, accelerator)                         around the optimizer step; every rank calls them
-  update(t [G], L [G], grad_norm)                          the global batch's t and objective losses (gathered from
-                                                           all ranks in draw order) and the pre-clip gradient norm
-and once per log step `diagnostics()` (tensors, no host sync). State lives in tensors on the device, is identical on
-every rank (it is only updated from gathered data) and round-trips through `state_dict`/`load_state_dict`.
+  with around_update(model, accelerator, draw):       the optimizer update runs inside (methods that measure the model
+                                                      before and after it, kim2025); every rank enters it
+  observe(t [G], L [G], **asked)                      the global batch's t and objective losses (gathered from all
+                                                      ranks in draw order); `grad_norm` (pre-clip) if asked for
+and once per log step `diagnostics()` (tensors, no host sync). What a method needs beyond that it names in `needs`
+(a subset of NEEDS); the loop passes only those. State lives in tensors on the device, is identical on every rank (it
+is only updated from gathered data) and round-trips through `state_dict`/`load_state_dict`.
 
 m is the whole per-sample loss multiplier. The configured objective is E_{t ~ U}[w(t) MSE_t]; an unbiased method
 draws t ~ p and returns m = lambda(t) / (T p_t), which leaves the objective lambda(t) w(t) MSE_t (lambda = 1: the
 configured one) unchanged in expectation; a method with `changes_objective = True` optimises something else on
-purpose and says what in `describe()`. Each method is built from the config by `from_config(cfg, device, tables)`.
+purpose and says what in `describe()`. A method's settings are its `Options` (a frozen dataclass of
+`fields.setting`s, registered with the method: registry.py); it is built by `from_options(options, cfg, device,
+tables)`, where `cfg` gives the run's settings (steps, resolution, seed, clipping) and `options` its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from ..losses import DiffusionTables
+
 DIAGNOSTIC_BINS = 10  # timestep bins for logged per-t statistics
+NEEDS = ("step", "fraction", "grad_norm", "batch")  # what a method may ask the loop for (TimestepSampler.needs)
+
+
+@dataclass(frozen=True)
+class DrawRequest:
+    """What the loop offers a draw. `step`, `fraction` and `batch` are None unless the method asked for them
+    (`needs`)."""
+
+    global_batch: int  # G = per-device batch x ranks x accumulation steps
+    slices: tuple[slice, ...]  # this rank's micro-batches' rows of the global draw, in micro-step order
+    generator: torch.Generator  # seeded from (seed, step): identical on every rank
+    micro_generator: Optional[Callable[[int], torch.Generator]] = None  # micro-step -> its own (seed, step, micro, rank)
+    step: Optional[int] = None  # optimizer step
+    fraction: Optional[float] = None  # share of the run done (steps, or the spent wall-clock budget)
+    batch: Optional[Sequence[torch.Tensor]] = None  # this rank's micro-batches x0 [B, 3, S, S] in [-1, 1]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One step's draw for this rank: t long [A*B], m float [A*B] (micro-batch i = rows i*B:(i+1)*B), and whatever
+    the method keeps for its `around_update` hook (`context`)."""
+
+    t: torch.Tensor
+    m: torch.Tensor
+    context: Any = None
+
+    def micro(self, i: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(t [B], m [B]) of micro-batch i."""
+        rows = slice(i * batch_size, (i + 1) * batch_size)
+        return self.t[rows], self.m[rows]
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a method that has none."""
+
+
+def asked(needs, **offered) -> dict:
+    """The offered values a method asked for."""
+    return {k: v for k, v in offered.items() if k in needs}
 
 
 def importance_weights(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -61,16 +111,24 @@ class TimestepSampler:
 
     name = "base"
     changes_objective = False  # True for methods that deliberately optimise another objective than the configured one
+    needs: frozenset[str] = frozenset()  # what the loop must pass beyond the defaults (a subset of NEEDS)
+    tracks_by_default = True  # its per-bin diagnostics go to the trackers without --log_timestep_bins
+    Options: type = NoOptions  # its settings: a frozen dataclass of fields.setting(...), flags of the same names
 
-    def __init__(self, num_timesteps: int, device: torch.device | str = "cpu", tables=None):
+    def __init__(self, num_timesteps: int, device: torch.device | str = "cpu", tables: Optional[DiffusionTables] = None):
         self.num_timesteps = num_timesteps
         self.device = torch.device(device)
         self.tables = tables  # DiffusionTables (snr, objective weight per t) or None
 
     @classmethod
-    def from_config(cls, cfg, device: torch.device | str, tables) -> "TimestepSampler":
-        """The method with the config's settings (subclasses read their own fields here, and only here)."""
+    def from_options(cls, options, cfg: TrainConfig, device: torch.device | str,
+                     tables: DiffusionTables) -> TimestepSampler:
+        """The method with its options (`cls.Options`) and the run's settings (`cfg`)."""
         return cls(cfg.ddpm_num_steps, device, tables)
+
+    @classmethod
+    def check_options(cls, options, cfg: TrainConfig) -> None:
+        """ConfigError if the options do not fit the run (each option's own range is checked by its field)."""
 
     # -- drawing -------------------------------------------------------------------------------------------------
     def probabilities(self) -> torch.Tensor:
@@ -85,30 +143,26 @@ class TimestepSampler:
         """The loss multiplier m that `sample` returns with timestep t: 1 / (T p_t) for unbiased samplers."""
         return importance_weights(self.probabilities(), t)
 
-    def sample(self, batch_size: int, generator: torch.Generator, step: int = 0,
-               fraction: float = 0.0) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """(t long [G], m float [G]) for the global batch, on the generator's device; `fraction` = share of the run
-        done (steps, or the spent wall-clock budget), for methods whose objective follows the run."""
+    def sample(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(t long [G], m float [G]) for the global batch, on the generator's device."""
         p = self.probabilities()
         t = torch.multinomial(p.to(generator.device), batch_size, replacement=True, generator=generator)
         return t, self.weight_of(t.to(self.device)).to(generator.device)
 
-    def take(self, draw, x0: torch.Tensor, sl: slice, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(t [B], m [B]) of this rank's micro-batch x0 [B, 3, S, S]: its slice `sl` of the global draw (methods that
-        draw t from x0 use `generator`, seeded from (seed, step, micro-step, rank), instead)."""
-        t, m = draw
-        return t[sl], m[sl]
+    def draw(self, request: DrawRequest) -> Draw:
+        """This rank's rows of one global draw (`sample`)."""
+        t, m = self.sample(request.global_batch, request.generator)
+        return Draw(torch.cat([t[sl] for sl in request.slices]), torch.cat([m[sl] for sl in request.slices]))
 
     # -- learning ------------------------------------------------------------------------------------------------
-    def update(self, t: torch.Tensor, loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None) -> None:
-        """Learn from the global batch's timesteps [G], per-sample objective losses [G] and the step's pre-clip gradient
-        norm (all the same on every rank)."""
+    def observe(self, t: torch.Tensor, loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None) -> None:
+        """Learn from the global batch's timesteps [G] and per-sample objective losses [G] (the same on every rank);
+        `grad_norm`, the step's pre-clip gradient norm, only for methods that ask for it."""
 
-    def before_update(self, model: torch.nn.Module, accelerator) -> None:
-        """Before the optimizer step (gradients computed), every rank: for methods that measure the model."""
-
-    def after_update(self, model: torch.nn.Module, accelerator) -> None:
-        """After the optimizer step, every rank: for methods that measure the model."""
+    @contextlib.contextmanager
+    def around_update(self, model: torch.nn.Module, accelerator, draw: Draw) -> Iterator[None]:
+        """The optimizer update runs inside (every rank): for methods that measure the model before and after it."""
+        yield
 
     # -- state ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -134,16 +188,3 @@ class TimestepSampler:
         """What goes into the run's records: name, whether the objective is changed, and why."""
         return {"name": self.name, "changes_objective": self.changes_objective,
                 "objective": "configured objective E_t~U[w(t) MSE_t], unbiased" if not self.changes_objective else ""}
-
-
-class UniformSampler(TimestepSampler):
-    """t ~ U{0, ..., T-1}, m = 1 (Ho et al. 2020, Algorithm 1)."""
-
-    name = "uniform"
-
-    def weight_of(self, t):
-        return torch.ones(t.shape, device=self.device)
-
-    def sample(self, batch_size, generator, step=0, fraction=0.0):
-        t = torch.randint(0, self.num_timesteps, (batch_size,), generator=generator, device=generator.device)
-        return t, self.weight_of(t).to(generator.device)

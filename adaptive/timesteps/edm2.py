@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .base import UniformSampler, bin_mean
+from ..fields import above, setting
+from .base import bin_mean
+from .registry import register
+from .uniform import UniformSampler
 
 
 def uncertainty_grad(per_sample_loss: torch.Tensor, bins: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -15,6 +20,12 @@ def uncertainty_grad(per_sample_loss: torch.Tensor, bins: torch.Tensor, u: torch
     return torch.zeros_like(u).index_add_(0, bins, g) / per_sample_loss.numel()
 
 
+@dataclass(frozen=True)
+class EDM2Options:
+    uncertainty_lr: float = setting(1e-2, "Adam learning rate of edm2_uncertainty's log-variances u_t", check=above(0))
+
+
+@register
 class EDM2UncertaintySampler(UniformSampler):
     """t ~ U; the model minimises L_t e^{-u_b(t)} (+ u) with a learned log-variance u per timestep bin.
 
@@ -25,7 +36,9 @@ class EDM2UncertaintySampler(UniformSampler):
     """
 
     name = "edm2_uncertainty"
+    Options = EDM2Options
     changes_objective = True
+    tracks_by_default = True
     num_bins = 50  # u is piecewise constant over 50 equal-width timestep bins (EDM2: a smooth MLP of log sigma)
 
     def __init__(self, num_timesteps, device="cpu", tables=None, *, lr: float = 1e-2):
@@ -34,18 +47,18 @@ class EDM2UncertaintySampler(UniformSampler):
         self.opt = torch.optim.Adam([self.u], lr=lr, betas=(0.9, 0.99), eps=1e-8)
 
     @classmethod
-    def from_config(cls, cfg, device, tables):
-        return cls(cfg.ddpm_num_steps, device, tables, lr=cfg.uncertainty_lr)
+    def from_options(cls, options: EDM2Options, cfg, device, tables):
+        return cls(cfg.ddpm_num_steps, device, tables, lr=options.uncertainty_lr)
 
     def bins(self, t: torch.Tensor) -> torch.Tensor:
         return t * self.num_bins // self.num_timesteps
 
-    def sample(self, batch_size, generator, step=0, fraction=0.0):
-        t, ones = super().sample(batch_size, generator, step, fraction)
+    def sample(self, batch_size, generator):
+        t, ones = super().sample(batch_size, generator)
         return t, ones * torch.exp(-self.u.detach()[self.bins(t.to(self.device))]).to(generator.device)
 
     @torch.no_grad()
-    def update(self, t, loss, grad_norm=None):
+    def observe(self, t, loss, grad_norm=None):
         t = t.to(self.device)
         self.u.grad = uncertainty_grad(loss.float().to(self.device), self.bins(t), self.u)
         self.opt.step()

@@ -5,17 +5,19 @@ from __future__ import annotations
 import torch
 
 from .base import TimestepSampler
+from .registry import register
 
 
 def iddpm_probabilities(history: torch.Tensor, counts: torch.Tensor, history_len: int, uniform_prob: float) -> torch.Tensor:
     """p_t = (1 - u) sqrt(E[L_t^2]) / sum + u / T once every t has a full history, else uniform (ibid., eq. 16)."""
     T = history.shape[0]
-    if not bool((counts >= history_len).all()):  # host check of a [T] bool: only while warming up, see update()
+    if not bool((counts >= history_len).all()):  # host check of a [T] bool: only while warming up, see observe()
         return torch.full((T,), 1.0 / T, device=history.device)
     w = history.square().mean(1).sqrt()
     return (1 - uniform_prob) * w / w.sum() + uniform_prob / T
 
 
+@register
 class IDDPMSampler(TimestepSampler):
     """Keep the last 10 losses per t; uniform until all are full; then p ~ sqrt(E L^2) with a 0.001 uniform mix,
     weight 1/(T p_t). Unbiased for the configured objective. Updates come from the losses of all ranks, so every
@@ -29,7 +31,7 @@ class IDDPMSampler(TimestepSampler):
         super().__init__(num_timesteps, device, tables)
         self.history = torch.zeros(num_timesteps, self.history_len, device=self.device)  # ring buffers [T, 10]
         self.counts = torch.zeros(num_timesteps, dtype=torch.long, device=self.device)  # entries written per t
-        self.warm = False  # every t has a full history; checked every 10 updates (a host sync), then fixed
+        self.warm = False  # every t has a full history; checked every 10 observations (a host sync), then fixed
         self.updates = 0
         self._p = None
 
@@ -41,7 +43,7 @@ class IDDPMSampler(TimestepSampler):
         return self._p
 
     @torch.no_grad()
-    def update(self, t, loss, grad_norm=None):
+    def observe(self, t, loss, grad_norm=None):
         """Append each (t, loss) to t's ring buffer, in batch order (later entries of the same t win)."""
         t, loss = t.to(self.device), loss.detach().float().to(self.device)
         order = torch.argsort(t, stable=True)

@@ -18,14 +18,17 @@ CHANGES THE OBJECTIVE (deliberately): the model minimises E_x0 E_t~pi(.|x0)[w(t)
 
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..seeding import generator as make_generator
-from .base import TimestepSampler
+from .base import Draw, TimestepSampler
+from .registry import register
 
 UPDATE_EVERY = 40
 BUFFER = 20
@@ -98,9 +101,21 @@ def pearson_scores(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, (Xc * yc[:, None]).sum(0).abs() / den.clamp_min(1e-30), torch.zeros_like(den))
 
 
+@dataclass(frozen=True)
+class PolicyDraw:
+    """What a policy-update step's draw keeps for the update around the optimizer step: the step and, per
+    micro-batch, x0 [B, 3, S, S] and the Beta draws u [B]."""
+
+    step: int
+    x0: tuple[torch.Tensor, ...]
+    u: tuple[torch.Tensor, ...]
+
+
+@register
 class Kim2025Sampler(TimestepSampler):
     name = "kim2025"
     changes_objective = True  # no 1/p correction: the sampling distribution is part of the objective
+    needs = frozenset({"step", "batch"})  # t is drawn from each sample's x0; the policy learns every 40 steps
 
     def __init__(self, num_timesteps, device="cpu", tables=None, *, resolution: int = 32, seed: int = 0):
         super().__init__(num_timesteps, device, tables)
@@ -116,35 +131,34 @@ class Kim2025Sampler(TimestepSampler):
         self.selected = torch.arange(NUM_SELECTED, device=self.device)  # S, starts {0, 1, 2}
         self.updates = 0
         self.last_ab = torch.full((2, 1), 0.974, device=self.device)  # for diagnostics
-        self._step = 0
-        self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # (x0, u) of this step's micro-batches
-        self._before: dict = {}
 
     @classmethod
-    def from_config(cls, cfg, device, tables):
+    def from_options(cls, options, cfg, device, tables):
         return cls(cfg.ddpm_num_steps, device, tables, resolution=cfg.resolution, seed=cfg.seed)
 
     # -- drawing -------------------------------------------------------------------------------------------------
-    def is_update_step(self) -> bool:
-        return self._step % UPDATE_EVERY == 0
+    @staticmethod
+    def is_update_step(step: int) -> bool:
+        return step % UPDATE_EVERY == 0
 
-    def sample(self, batch_size, generator, step=0, fraction=0.0):
-        """No global draw: t depends on each sample's x0 (take)."""
-        self._step = step
-        self._cache = []
-        return None
+    def draw(self, request):
+        """No global draw: each micro-batch's t from its x0 (`take`), with the micro-step's own generator."""
+        parts = [self.take(x0, request.micro_generator(i)) for i, x0 in enumerate(request.batch)]
+        context = None
+        if self.is_update_step(request.step):
+            context = PolicyDraw(request.step, tuple(x0.detach() for x0 in request.batch), tuple(u for _, _, u in parts))
+        return Draw(torch.cat([t for t, _, _ in parts]), torch.cat([m for _, m, _ in parts]), context)
 
     @torch.no_grad()
-    def take(self, draw, x0: torch.Tensor, sl: slice, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """t_i = round(u_i (T - 1)), u_i ~ Beta(pi(x0_i)); m = 1 (the plain batch mean)."""
+    def take(self, x0: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(t, m, u) [B] of micro-batch x0: t_i = round(u_i (T - 1)), u_i ~ Beta(pi(x0_i)); m = 1 (the plain batch
+        mean)."""
         alpha, beta = self.policy(x0.float())
         ga, gb = sample_gamma(alpha, generator), sample_gamma(beta, generator)
         u = (ga / (ga + gb).clamp_min(1e-30)).clamp(EPS_U, 1 - EPS_U)
         t = torch.round(u * (self.num_timesteps - 1)).long()
         self.last_ab = torch.stack([alpha, beta])
-        if self.is_update_step():
-            self._cache.append((x0.detach(), u))
-        return t, torch.ones_like(u)
+        return t, torch.ones_like(u), u
 
     def weight_of(self, t):
         return torch.ones(t.shape, device=self.device)
@@ -171,10 +185,10 @@ class Kim2025Sampler(TimestepSampler):
             out.append(self.c[ti] * (pred.float() - eps).square().flatten(1).mean(1))
         return torch.cat(out)
 
-    def _measure(self, model, acc, phase: str) -> dict:
+    def _measure(self, model, acc, drawn: PolicyDraw, phase: str) -> dict:
         """KL terms of one shared x0 at all T timesteps (split across ranks, gathered) and of this rank's x0 at the
         selected timesteps S. Collectives: every rank calls this at the same steps."""
-        x_local = torch.cat([x for x, _ in self._cache])
+        x_local = torch.cat(drawn.x0)
         # one x0 shared by all ranks (rank 0's first image), its T timesteps split across ranks
         shared = x_local[:1].clone()
         if acc.num_processes > 1:
@@ -184,7 +198,7 @@ class Kim2025Sampler(TimestepSampler):
         per = -(-self.num_timesteps // acc.num_processes)
         ts = torch.arange(acc.process_index * per, min(self.num_timesteps, (acc.process_index + 1) * per), device=self.device)
         ts = torch.cat([ts, ts.new_full((per - len(ts),), self.num_timesteps - 1)])  # pad to equal length
-        g = make_generator(self.device, self.seed, "kim2025", self._step, phase, acc.process_index)
+        g = make_generator(self.device, self.seed, "kim2025", drawn.step, phase, acc.process_index)
         kl_all = self._kl_terms(model, shared.expand(per, -1, -1, -1), ts, g, acc.autocast)
         if acc.num_processes > 1:
             kl_all = acc.gather(kl_all)
@@ -194,19 +208,25 @@ class Kim2025Sampler(TimestepSampler):
         kl_s = self._kl_terms(model, xs, s.repeat(len(x_local)), g, acc.autocast).view(len(x_local), len(s))
         return {"all": kl_all, "S": kl_s}
 
-    def before_update(self, model, accelerator) -> None:
-        if self.is_update_step() and self._cache:
-            self._before = self._measure(model, accelerator, "before")
-
-    def after_update(self, model, accelerator) -> None:
-        if not (self.is_update_step() and self._cache and self._before):
+    @contextlib.contextmanager
+    def around_update(self, model, accelerator, draw):
+        """On a policy-update step: the KL terms before and after the optimizer update, then the policy step."""
+        drawn = draw.context
+        if drawn is None:
+            yield
             return
-        after = self._measure(model, accelerator, "after")
-        delta = self._before["all"] - after["all"]  # [T]
-        reward = (self._before["S"] - after["S"]).sum(1)  # [B_local]
+        before = self._measure(model, accelerator, drawn, "before")
+        yield
+        after = self._measure(model, accelerator, drawn, "after")
+        self._learn(accelerator, drawn, before, after)
+
+    def _learn(self, accelerator, drawn: PolicyDraw, before: dict, after: dict) -> None:
+        """REINFORCE step of the policy from the KL decrease, then the buffer and the selected timesteps S."""
+        delta = before["all"] - after["all"]  # [T]
+        reward = (before["S"] - after["S"]).sum(1)  # [B_local]
         # policy gradient (REINFORCE), averaged over ranks like the original DDP-wrapped policy
-        x_local = torch.cat([x for x, _ in self._cache])
-        u = torch.cat([u for _, u in self._cache])
+        x_local = torch.cat(drawn.x0)
+        u = torch.cat(drawn.u)
         alpha, beta = self.policy(x_local.float())
         dist = torch.distributions.Beta(alpha, beta)
         entropy = dist.entropy()
@@ -230,7 +250,6 @@ class Kim2025Sampler(TimestepSampler):
                 scores = pearson_scores(self.buffer_x[: self.filled], self.buffer_y[: self.filled])
                 self.selected = torch.topk(scores, NUM_SELECTED).indices.sort().values
         self.updates += 1
-        self._before, self._cache = {}, []
 
     # -- state ---------------------------------------------------------------------------------------------------
     def state_dict(self):

@@ -11,12 +11,15 @@ from the configured betas instead of copied:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
 
+from ..fields import setting
 from .base import TimestepSampler
+from .registry import register
 
 M_THRESHOLD = 1e-4  # per-step increment of sqrt(1 - abar) at T = 1000 (SpeeD's code)
 TAU_THRESHOLD = 0.5e-4  # our derivation of tau: half of m's threshold (reproduces tau ~ 700 on the linear schedule)
@@ -56,6 +59,13 @@ def dual_timesteps(t0: torch.Tensor, m: int, n: int) -> torch.Tensor:
     return torch.cat([t0, (m - t0).abs()])[:n]
 
 
+@dataclass(frozen=True)
+class SpeeDOptions:
+    speed_k: float = setting(5.0, "SpeeD: sampling weight of t < tau relative to t >= tau")
+    speed_lambda: float = setting(0.6, "SpeeD: change-aware weighting strength lambda")
+
+
+@register
 class SpeeDSampler(TimestepSampler):
     """SpeeD's sampling + weighting, per device batch, as in its code.
 
@@ -65,6 +75,7 @@ class SpeeDSampler(TimestepSampler):
     """
 
     name = "speed"
+    Options = SpeeDOptions
     changes_objective = True  # no 1/p correction: the sampling distribution is part of the objective
 
     def __init__(self, num_timesteps, device="cpu", tables=None, *, k: float = 5.0, lam: float = 0.6,
@@ -76,15 +87,15 @@ class SpeeDSampler(TimestepSampler):
         self.w = speed_weights(mm, self.tau, self.lam).float().to(self.device)
 
     @classmethod
-    def from_config(cls, cfg, device, tables):
-        return cls(cfg.ddpm_num_steps, device, tables, k=cfg.speed_k, lam=cfg.speed_lambda,
+    def from_options(cls, options: SpeeDOptions, cfg, device, tables):
+        return cls(cfg.ddpm_num_steps, device, tables, k=options.speed_k, lam=options.speed_lambda,
                    per_device=cfg.train_batch_size)
 
     def _chunk(self, n: int, generator: torch.Generator) -> torch.Tensor:
         t0 = torch.multinomial(self.p.to(generator.device), n // 2 + 1, replacement=True, generator=generator)
         return dual_timesteps(t0, self.m, n)
 
-    def sample(self, batch_size, generator, step=0, fraction=0.0):
+    def sample(self, batch_size, generator):
         n = self.per_device or batch_size
         chunks = [self._chunk(min(n, batch_size - s), generator) for s in range(0, batch_size, n)]
         t = torch.cat(chunks)

@@ -27,18 +27,19 @@ from accelerate.state import PartialState  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from adaptive.checkpoint import load_ema_weights  # noqa: E402
+from adaptive.timesteps import METHODS as REGISTERED  # noqa: E402
 
 import train_accelerate  # noqa: E402
 
-METHODS = {
+EXTRA_FLAGS = {"adaptive": ["--adaptive_warmup_steps", "5"]}  # past its warm-up within the run
+FIRST = ["uniform", "iddpm", "speed", "edm2_uncertainty", "kim2025", "adaptive"]  # the recorded order; new ones after
+METHODS = {  # every registered method (and uniform under the two other objectives)
     "uniform": [],
     "min_snr": ["--loss_weighting", "min_snr"],
     "p2": ["--loss_weighting", "p2"],
-    "iddpm": ["--timestep_sampler", "iddpm"],
-    "speed": ["--timestep_sampler", "speed"],
-    "edm2_uncertainty": ["--timestep_sampler", "edm2_uncertainty"],
-    "kim2025": ["--timestep_sampler", "kim2025"],
-    "adaptive": ["--timestep_sampler", "adaptive", "--adaptive_warmup_steps", "5"],
+    **{name: ["--timestep_sampler", name, *EXTRA_FLAGS.get(name, [])]
+       for name in sorted(REGISTERED, key=lambda n: (FIRST.index(n) if n in FIRST else len(FIRST), n))
+       if name != "uniform"},
 }
 STEPS = 42  # past kim2025's first policy update (every 40 optimizer steps)
 

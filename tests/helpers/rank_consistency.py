@@ -1,23 +1,27 @@
 """Run under 2 gloo ranks: samplers updated from gathered losses hold identical state; gather order is the draw order."""
 
 import sys
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 
-from adaptive.config import PRESETS, TrainConfig
-from adaptive.data import Layout
-from adaptive.losses import DiffusionTables
-from adaptive.loop import gather_global_batch
-from adaptive.model import build_noise_scheduler
-from adaptive.timesteps import build_sampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this tree's adaptive/, not an installed one
+
+from adaptive.config import PRESETS, TrainConfig  # noqa: E402
+from adaptive.data import Layout  # noqa: E402
+from adaptive.losses import DiffusionTables  # noqa: E402
+from adaptive.loop import gather_global_batch  # noqa: E402
+from adaptive.model import build_noise_scheduler  # noqa: E402
+from adaptive.timesteps import build_sampler  # noqa: E402
 
 acc = Accelerator(cpu=True)
 rank, world = acc.process_index, acc.num_processes
 assert world == 2, world
 layout = Layout(batch_size=8, world_size=world, accum=2)
 for name in ("adaptive", "iddpm", "edm2_uncertainty"):
-    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "timestep_sampler": name, "adaptive_warmup_steps": 2})
+    cfg = TrainConfig.from_dict({**PRESETS["cpu-tiny16"], "timestep_sampler": name,
+                                 **({"adaptive_warmup_steps": 2} if name == "adaptive" else {})})
     tables = DiffusionTables.build(build_noise_scheduler(cfg).alphas_cumprod, cfg, "cpu")
     sampler = build_sampler(cfg, "cpu", tables)
     noise = torch.Generator().manual_seed(100 + rank)  # every rank sees different losses
@@ -31,7 +35,7 @@ for name in ("adaptive", "iddpm", "edm2_uncertainty"):
         t_g, loss_g = gather_global_batch(acc, layout, torch.cat(local_t), torch.cat(local_loss))
         assert torch.equal(t_g, t_all)
         assert torch.allclose(loss_g - t_all.float() / 1000, torch.zeros(()), atol=0.0101)  # same order as the draw
-        sampler.update(t_g, loss_g)
+        sampler.observe(t_g, loss_g)
     flat = torch.cat([v.flatten().float() for v in sampler.state_dict().values() if isinstance(v, torch.Tensor)])
     everyone = acc.gather(flat[None])
     assert torch.equal(everyone[0], everyone[1]), name
