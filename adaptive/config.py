@@ -354,7 +354,8 @@ _HF_TOKEN = re.compile(r"(?<![\w-])hf_[\w-]*")
 
 
 def looks_secret(flag: str) -> bool:
-    """A flag (however misspelled or abbreviated) that may carry a secret: --hub_token, --hub_t, --hubtoken, --api-key."""
+    """A flag (however misspelled or abbreviated) that may carry a secret: --hub_token, --hub_t, --hubtoken,
+    --api-key."""
     name = flag.lstrip("-").lower().replace("-", "_")
     return any(w in name for w in _SECRET_WORDS) or any(len(name) >= 3 and f.startswith(name) for f in SECRET_FIELDS)
 
