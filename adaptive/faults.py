@@ -67,7 +67,7 @@ def check_output_path(path: Path, flag: str, folder: bool = True) -> None:
                           "over the file system's 255")
     if path.exists() and path.is_dir() != folder:
         raise ConfigError(f"{flag} {path} exists and is {'not a folder' if folder else 'a folder, not a file'}")
-    parent = path if path.exists() else path.parent
+    parent = path if path.is_dir() else path.parent  # an existing file (folder=False) is replaced in its folder
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():

@@ -310,6 +310,8 @@ def restore_finished_run(d: Path, out: Path) -> bool:
 def run_all(jobs: list[tuple[str, int, list[str], Path]], parallel: int, threads: int, log, on_done=None) -> None:
     """Run the training commands `parallel` at a time; logs go to <run>/benchmark.log; on_done(run folder) after each
     run that exits 0."""
+    from adaptive.rundir import run_holds_training
+
     pending, running = list(jobs), []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
            "PYTHONUNBUFFERED": "1"}
@@ -317,6 +319,8 @@ def run_all(jobs: list[tuple[str, int, list[str], Path]], parallel: int, threads
         while pending and len(running) < parallel:
             name, seed, cmd, out = pending.pop(0)
             out.mkdir(parents=True, exist_ok=True)
+            if not run_holds_training(out):  # its provenance.json and log are not a run's: train beside them
+                cmd = [*cmd, "--overwrite_output_dir"]
             logf = open(out / "benchmark.log", "a")
             log(f"start {name} seed {seed}: {out}")
             running.append((name, seed, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT), logf,

@@ -770,3 +770,18 @@ def test_16_reconstruct_ema_refuses_to_overwrite_the_runs_export_without_overwri
     assert reconstruct_ema.main(["--run_dir", str(run), "--sigma_rel", "0.08", "--output_dir", str(run),
                                  "--overwrite"]) == 0
     assert snapshot(run)["unet/diffusion_pytorch_model.safetensors"] != before["unet/diffusion_pytorch_model.safetensors"]
+
+
+def test_an_existing_output_file_may_be_replaced_but_not_written_through(tmp_path):
+    """--output of evaluate_fid.py names a file: an existing one is replaced (a rerun), a file used as a folder is not."""
+    from adaptive.config import ConfigError
+    from adaptive.faults import check_output_path
+
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text("{}")
+    check_output_path(metrics, "--output", folder=False)
+    check_output_path(tmp_path / "new.json", "--output", folder=False)
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        check_output_path(metrics / "x.json", "--output", folder=False)
+    with pytest.raises(ConfigError, match="exists and is not a folder"):
+        check_output_path(metrics, "--output_dir")
