@@ -180,8 +180,8 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
             if export_due:
                 publish(run, session, sampling_unet, f"pipeline at step {progress.step}")
             if stop:
-                log(f"stopping after step {progress.step}: {session.control.reason}; checkpoint written, rerun the same "
-                    "command with --resume_from_checkpoint latest to continue")
+                log(f"stopping after step {progress.step}: {session.control.reason}; checkpoint written, rerun "
+                    "the same command with --resume_from_checkpoint latest to continue")
                 break
         session.bar.close()
 
