@@ -487,6 +487,14 @@ def finished_run(cfg: TrainConfig, progress, max_steps: int) -> Optional[str]:
     return why if exported == progress.step else None
 
 
+def looks_local(model_path: str) -> bool:
+    """A path that cannot be a Hub id ('owner/name'): absolute, ./ ../ ~, more than one '/', or one whose
+    first part is a local folder (runs/x) - such a path that does not exist is 'not found', with no Hub round trip."""
+    parts = model_path.split("/")
+    return (model_path.startswith(("/", ".", "~")) or len(parts) > 2 or not all(parts)
+            or Path(parts[0]).expanduser().is_dir())
+
+
 def load_pipeline(model_path: str, weights: str = "ema", log=print):
     """A DDPMPipeline from anything a run leaves: an exported run folder, a checkpoint-<step> folder, a run folder
     without an export (its newest valid checkpoint, named in the log), or a Hub id. weights 'ema' (the exported /
@@ -504,6 +512,8 @@ def load_pipeline(model_path: str, weights: str = "ema", log=print):
                 log(f"{p} has {'no export' if not exported else 'an export of the EMA weights only'}: using "
                     f"{ckpt.name}, its newest valid checkpoint")
             return pipeline_from_checkpoint(ckpt, weights)
+    elif looks_local(model_path):
+        raise ConfigError(f"--model_path {model_path}: not found (no such folder; a Hub id is 'owner/name')")
     elif weights != "ema":
         raise ConfigError(f"--weights {weights} needs a local run or checkpoint folder, not {model_path!r}")
     try:

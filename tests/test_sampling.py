@@ -114,7 +114,7 @@ def test_resume_generates_only_missing_images_and_refuses_other_settings(model_p
 
 def test_bad_arguments_are_one_line_errors(model_path, tmp_path, capsys):
     assert _sample(tmp_path / "no-model", tmp_path / "o", "--num_images", 1) == 2
-    assert "cannot load a DDPMPipeline" in capsys.readouterr().err
+    assert f"--model_path {tmp_path / 'no-model'}: not found (no such folder" in capsys.readouterr().err
     from sample import main
 
     assert main(["--model_path", str(model_path), "--output_dir", str(tmp_path / "o"), "--num_inference_steps",
@@ -202,3 +202,17 @@ def test_sample_grids_are_enlarged_by_whole_pixels_to_at_least_256_px(tmp_path):
     assert np.array_equal(grid[4:36, 4:36], imgs[0].repeat(2, axis=0).repeat(2, axis=1))
     big = np.zeros((4, 160, 160, 3), dtype=np.uint8)
     assert np.asarray(Image.open(save_grid(big, tmp_path / "big.png"))).shape == (326, 326, 3)  # 2 x 162 + 2
+
+
+def test_a_local_looking_model_path_that_does_not_exist_is_not_found_without_asking_the_hub(tmp_path, monkeypatch):
+    """Issue 29.4: runs/nonexistent, ./x, /abs, a/b/c are "not found" at once; owner/name goes to the Hub."""
+    from adaptive.config import ConfigError
+    from adaptive.rundir import load_pipeline, looks_local
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for path in ("runs/nonexistent", "./x", str(tmp_path / "x"), "a/b/c", "~/nope"):
+        assert looks_local(path), path
+        with pytest.raises(ConfigError, match=r"not found \(no such folder"):
+            load_pipeline(path)
+    assert not looks_local("google/ddpm-cifar10-32") and not looks_local("someone/tiny-ddpm")
