@@ -125,83 +125,68 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
 
     # Build everything: accelerator, data, model, EMA, optimizer, LR schedule, timestep sampler; lock the folder.
     run = setup(cfg, log, entries, main_error=hub_error)
-    cfg, acc, progress = run.cfg, run.accelerator, run.progress
+    cfg, acc = run.cfg, run.accelerator
 
     # Resume (or start), record the run, open the trackers, evaluator and uploader.
     if resume_from is not None:
         load_checkpoint(acc, resume_from)
         apply_optimizer_settings(run)  # a changed --learning_rate / --adam_* applies from here on
-    try:  # an end before the first checkpoint puts back the run an --overwrite_output_dir run was replacing
+    try:
         session = start_session(run, resume_from, log, control, uploader)
         sampling_unet = run.ema.model if run.ema else run.unet  # previews, evaluation and export use the EMA weights
-        batches = run.data.batches(progress.step)
 
-        # Training loop.
-        while progress.step < run.max_steps:
-            t_step = time.perf_counter()
-
-            # One optimizer step: timesteps, noise, loss, backward, update, EMA, timestep-sampler update.
-            losses, grad_norm = optimizer_step(run, progress.step, next(batches))
-            progress.step += 1
-            progress.images_seen += run.layout.global_batch
-            run.stats.report("loss", losses)
-            run.stats.report("grad_norm", grad_norm)
-            progress.train_seconds += time.perf_counter() - t_step
-            session.bar.update(1)
-
-            # Statistics: one collective and one host sync per log step.
-            if progress.step % cfg.logging_steps == 0 or progress.step == run.max_steps:
-                log_statistics(run, session)
-
-            # Evaluate: FID / proxy FD of the EMA model, logged with the training wall-clock (its own time excluded).
-            if session.evaluator is not None and session.evaluator.due(progress.step):
-                evaluate(run, session, sampling_unet)
-
-            # Sample grid, post-hoc EMA snapshot, checkpoint, export (never from non-finite weights); stop when asked to
-            # or out of budget.
-            stop = session.control.should_stop(progress.train_seconds)
-            if stop and session.control.preempted and session.replacing:  # nothing of this run to keep yet
-                log(f"stopping after step {progress.step}: {session.control.reason}; no checkpoint written; the run "
-                    "that --overwrite_output_dir was replacing goes back in place")
-                break
-            done = stop or progress.step >= run.max_steps
-            grid_due = every(progress.step, cfg.save_images_steps) and not done
-            snapshot_due = run.phema is not None and every(progress.step, cfg.ema_snapshot_steps)
-            checkpoint_due = every(progress.step, cfg.checkpointing_steps) or done
-            export_due = every(progress.step, cfg.save_model_steps) and not done
-            if grid_due or snapshot_due or checkpoint_due or export_due:
-                check_finite(run, session)
-            if grid_due:
-                preview(run, session, sampling_unet)
-            if snapshot_due and acc.is_main_process:
-                save_snapshots(run)
-            if checkpoint_due:
-                checkpoint(run, session)
-            if export_due:
-                publish(run, session, sampling_unet, f"pipeline at step {progress.step}")
-            if stop:
-                log(f"stopping after step {progress.step}: {session.control.reason}; checkpoint written, rerun "
-                    "the same command with --resume_from_checkpoint latest to continue")
-                break
-        session.bar.close()
+        # Training loop, until the planned step count or a stop (signal, --max_train_minutes).
+        train_steps(run, session, sampling_unet)
 
         # Final grid, snapshot and export (skipped when preempted: the checkpoint is what matters then). The signal
         # handlers stay until end(): a signal now lets the export finish.
         preempted = session.control.preempted
         if not preempted:
-            if run.phema is not None and acc.is_main_process and not every(progress.step, cfg.ema_snapshot_steps):
-                save_snapshots(run)
-            grid = preview(run, session, sampling_unet)
-            publish(run, session, sampling_unet, f"final pipeline at step {progress.step}", grid)
-            if cfg.checkpoints_total_limit and acc.is_main_process and session.loss_range.left_at is None:
-                rotate(Path(cfg.output_dir), cfg.checkpoints_total_limit)  # finished in range: the limit holds exactly
-        summary = end(run, session, "preempted" if preempted else None)
-        if session.replacing:  # stopped by a signal before the first checkpoint
-            restore_replaced_run(cfg, log)
-        return summary
-    except BaseException:
-        restore_replaced_run(cfg, log)
-        raise
+            finish(run, session, sampling_unet)
+        return end(run, session, "preempted" if preempted else None)
+    finally:  # however it ends: before its first checkpoint, the run --overwrite_output_dir was replacing goes back
+        restore_replaced_run(cfg, log)  # (nothing to do once this run has a checkpoint: the old run is deleted then)
+
+
+def train_steps(run: Run, session: Session, sampling_unet) -> None:
+    """The training loop: optimizer steps with their statistics, evaluations and saves, until run.max_steps or a
+    stop (a signal or --max_train_minutes); a stop checkpoints first unless the run has nothing of its own yet."""
+    cfg, progress, log = run.cfg, run.progress, session.log
+    batches = run.data.batches(progress.step)
+    while progress.step < run.max_steps:
+        t_step = time.perf_counter()
+
+        # One optimizer step: timesteps, noise, loss, backward, update, EMA, timestep-sampler update.
+        losses, grad_norm = optimizer_step(run, progress.step, next(batches))
+        progress.step += 1
+        progress.images_seen += run.layout.global_batch
+        run.stats.report("loss", losses)
+        run.stats.report("grad_norm", grad_norm)
+        progress.train_seconds += time.perf_counter() - t_step
+        session.bar.update(1)
+
+        # Statistics: one collective and one host sync per log step.
+        if progress.step % cfg.logging_steps == 0 or progress.step == run.max_steps:
+            log_statistics(run, session)
+
+        # Evaluate: FID / proxy FD of the EMA model, logged with the training wall-clock (its own time excluded).
+        if session.evaluator is not None and session.evaluator.due(progress.step):
+            evaluate(run, session, sampling_unet)
+
+        # Stop when asked to or out of budget; a run still replacing another has nothing of its own to keep yet.
+        stop = session.control.should_stop(progress.train_seconds)
+        if stop and session.control.preempted and session.replacing:
+            log(f"stopping after step {progress.step}: {session.control.reason}; no checkpoint written; the run "
+                "that --overwrite_output_dir was replacing goes back in place")
+            break
+
+        # Sample grid, post-hoc EMA snapshot, checkpoint, export (never from non-finite weights).
+        save_due(run, session, sampling_unet, done=stop or progress.step >= run.max_steps)
+        if stop:
+            log(f"stopping after step {progress.step}: {session.control.reason}; checkpoint written, rerun "
+                "the same command with --resume_from_checkpoint latest to continue")
+            break
+    session.bar.close()
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -220,6 +205,46 @@ def finished_checkpoint(cfg: TrainConfig, resume_from: Optional[Path], num_image
 
 def every(step: int, interval: Optional[int]) -> bool:
     return bool(interval) and step % interval == 0
+
+
+def save_due(run: Run, session: Session, unet, done: bool) -> None:
+    """The saves due after this step (the last one when `done`): sample grid, post-hoc EMA snapshot, checkpoint,
+    export; the weights are checked finite first."""
+    cfg, step = run.cfg, run.progress.step
+    grid_due = every(step, cfg.save_images_steps) and not done
+    snapshot_due = run.phema is not None and every(step, cfg.ema_snapshot_steps)
+    checkpoint_due = every(step, cfg.checkpointing_steps) or done
+    export_due = every(step, cfg.save_model_steps) and not done
+    if grid_due or snapshot_due or checkpoint_due or export_due:
+        check_finite(run, session)
+    if grid_due:
+        preview(run, session, unet)
+    if snapshot_due and run.accelerator.is_main_process:
+        save_snapshots(run)
+    if checkpoint_due:
+        checkpoint(run, session)
+    if export_due:
+        publish(run, session, unet, f"pipeline at step {step}")
+
+
+def finish(run: Run, session: Session, unet) -> None:
+    """The end of a run that was not preempted: the last snapshot, the final grid and export, and (finished in
+    range) the checkpoint limit held exactly."""
+    cfg, acc, step = run.cfg, run.accelerator, run.progress.step
+    if run.phema is not None and acc.is_main_process and not every(step, cfg.ema_snapshot_steps):
+        save_snapshots(run)
+    grid = preview(run, session, unet)
+    publish(run, session, unet, f"final pipeline at step {step}", grid)
+    rotate_checkpoints(run, session, exact=True)
+
+
+def rotate_checkpoints(run: Run, session: Session, exact: bool = False) -> None:
+    """--checkpoints_total_limit (main process), only while the loss is in its running range: beyond the limit the
+    newest checkpoint the loss vouches for is kept (session.LossRange), except at the end of a run (`exact`).
+    save_checkpoint applies the same rule, with the same protection, right after each write."""
+    limit = run.cfg.checkpoints_total_limit
+    if limit and session.loss_range.left_at is None and run.accelerator.is_main_process:
+        rotate(Path(run.cfg.output_dir), limit, None if exact else session.loss_range.protected())
 
 
 def log_statistics(run: Run, session: Session) -> None:
@@ -251,8 +276,8 @@ def log_statistics(run: Run, session: Session) -> None:
         session.log(f"warning: the loss left its running range at step {progress.step} ({loss:.3g}, over "
                     f"{RANGE_FACTOR:g}x the median {median:.3g} of the previous log steps): the newest checkpoint at "
                     f"or before step {session.loss_range.vouched_step} is kept from rotation until it returns")
-    elif run.cfg.checkpoints_total_limit and session.loss_range.left_at is None and run.accelerator.is_main_process:
-        rotate(Path(run.cfg.output_dir), run.cfg.checkpoints_total_limit, session.loss_range.protected())
+    else:
+        rotate_checkpoints(run, session)
     if bad:
         window = f" (mean over steps {first}-{progress.step})" if first < progress.step else ""
         raise diverged(run, session, f"{' and '.join(bad)} at step {progress.step}{window}")
@@ -327,7 +352,8 @@ def save_snapshots(run: Run) -> None:
 
 
 def checkpoint(run: Run, session: Session) -> None:
-    """checkpoint-<step> (every rank; its time is not training time); pushed too with --push_checkpoints."""
+    """checkpoint-<step> (every rank; its time counts as training time, unlike evaluation and previews: a
+    budget or a wall-clock comparison pays for it); pushed too with --push_checkpoints."""
     t0 = time.perf_counter()
     path = save_checkpoint(run.accelerator, Path(run.cfg.output_dir), run.progress.step, run.cfg.to_dict(),
                            run.cfg.checkpoints_total_limit, protect=session.loss_range.protected())
