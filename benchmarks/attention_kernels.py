@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import adaptive.attention as attention  # noqa: E402
 from adaptive.attention import configure_attention  # noqa: E402
+from bench.provenance import git, machine  # noqa: E402
 
 # (label, batch, channels, side): the attention blocks of cpu-tiny16 (64 tokens), cpu-tiny (256) and ddpm-cifar10 (256)
 CASES = [("cpu-tiny16", 128, 64, 8), ("cpu-tiny", 128, 64, 16), ("ddpm-cifar10", 16, 256, 16)]
@@ -99,8 +100,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cases = [("tiny", 4, 32, 8)] if args.quick else CASES
     rounds, reps = (1, 1) if args.quick else (args.rounds, args.reps)
-    import compare_methods as cm
-
     load0 = os.getloadavg()
     rows = measure(rounds, reps, cases)
     default_mib = attention.BLOCK_SCORE_BYTES_PER_THREAD / 2**20
@@ -108,7 +107,7 @@ def main(argv=None) -> int:
                        for mib in BUDGETS_MIB]
     sweep = measure(rounds, reps, [c for c in cases if c[3] ** 2 >= 256] or cases, budget_variants, ("train",))
     res = {"date": dt.date.today().isoformat(), "command": " ".join(["python", "benchmarks/attention_kernels.py", *(argv or sys.argv[1:])]),
-           "git_commit": cm.git("rev-parse", "HEAD"), "machine": cm.machine()["cpu"], "threads": torch.get_num_threads(),
+           "git_commit": git("rev-parse", "HEAD"), "machine": machine()["cpu"], "threads": torch.get_num_threads(),
            "torch": torch.__version__, "load_average_start": load0, "load_average_end": os.getloadavg(), "rows": rows,
            "budget_sweep": sweep, "default_budget_mib": default_mib}
     args.out.mkdir(parents=True, exist_ok=True)

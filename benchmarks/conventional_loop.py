@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from adaptive.model import build_unet
+
 
 class PILImages(torch.utils.data.Dataset):
     """Undecoded images (a folder or a .zip of them), decoded with PIL and transformed per sample, per epoch."""
@@ -62,8 +64,6 @@ class ConventionalLoop:
         from diffusers import DDPMScheduler, UNet2DModel
         from diffusers.optimization import get_scheduler
         from diffusers.training_utils import EMAModel
-
-        from adaptive.model import build_unet
 
         self.accelerator = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=1)
         self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision, torch.float32)  # as the example

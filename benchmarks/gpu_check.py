@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from adaptive.config import CHOICES, PRESETS, ConfigError  # noqa: E402
+
 KINDS = {  # throughput.py kind -> row label of the report
     "train-ours": "ours (eager)",
     "train-ours-compile": "ours (--compile)",
@@ -40,8 +42,7 @@ FALLBACK_RECORD = "fallback.json"  # written when the data or the feature networ
 
 def check_settings(preset: str, precision: str, methods: list[str]) -> None:
     """ConfigError naming the first unknown PRESET, PRECISION or METHODS value (before anything runs)."""
-    from adaptive.config import CHOICES, PRESETS, ConfigError
-    from adaptive.timesteps import METHODS
+    from adaptive.timesteps import METHODS  # imports torch (seconds): only the `check` subcommand needs it
 
     if preset not in PRESETS:
         raise ConfigError(f"PRESET {preset!r} is not one of {', '.join(PRESETS)}")
@@ -90,8 +91,6 @@ def write_toy_features(path: Path) -> Path:
 
 def fallback(args) -> int:
     """Generate what is missing (images and/or feature network) and record it in OUT/fallback.json."""
-    from adaptive.config import PRESETS
-
     record = {}
     if args.images:
         size = PRESETS[args.preset]["resolution"]
@@ -187,7 +186,7 @@ def throughput_rows(out: Path, preset: str) -> dict[str, dict]:
 
 def method_row(work: Path, out: Path, method: str) -> dict | None:
     """Steps, training seconds and img/s from the run's final checkpoint; proxy FD from its evaluation."""
-    from adaptive.checkpoint import STATE_FILE, list_checkpoints, load_object_state
+    from adaptive.checkpoint import STATE_FILE, list_checkpoints, load_object_state  # imports torch: `report` only
 
     run = work / "train" / method
     exported = read_json(run / "export.json")
@@ -357,8 +356,6 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.command == "check":
-        from adaptive.config import ConfigError
-
         try:
             check_settings(args.preset, args.precision, args.methods)
         except ConfigError as e:

@@ -19,32 +19,32 @@ import argparse
 import datetime as dt
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import diffusers
+import torch
+from diffusers.training_utils import EMAModel
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from adaptive.attention import configure_attention  # noqa: E402
+from adaptive.config import PRESETS, TrainConfig  # noqa: E402
+from adaptive.ema import EMA  # noqa: E402
+from adaptive.losses import DiffusionTables, q_sample  # noqa: E402
+from adaptive.model import build_noise_scheduler, build_unet  # noqa: E402
+
 
 def tiny_unet():
-    import torch
-
-    from adaptive.attention import configure_attention
-    from adaptive.config import PRESETS, TrainConfig
-    from adaptive.model import build_noise_scheduler, build_unet
-
     cfg = TrainConfig(**PRESETS["cpu-tiny16"])
     torch.manual_seed(0)
     return configure_attention(build_unet(cfg), "auto", "cpu").eval(), build_noise_scheduler(cfg)
 
 
 def ema_equivalence(updates: int) -> dict:
-    import torch
-    from diffusers.training_utils import EMAModel
-
-    from adaptive.ema import EMA
-
     out = {}
     for warmup in ("power", "ratio"):
         model, _ = tiny_unet()
@@ -78,11 +78,6 @@ def cpu_time(fn, repeats: int) -> float:
 
 
 def forward_process(repeats: int) -> dict:
-    import torch
-
-    from adaptive.config import PRESETS, TrainConfig
-    from adaptive.losses import DiffusionTables, q_sample
-
     _, sched = tiny_unet()
     tables = DiffusionTables.build(sched.alphas_cumprod, TrainConfig(**PRESETS["cpu-tiny16"]), "cpu")
     g = torch.Generator().manual_seed(2)
@@ -132,11 +127,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
     args = p.parse_args(argv)
-    import subprocess
-
-    import diffusers
-    import torch
-
     torch.set_num_threads(1)
     out = args.out or ROOT / "docs" / "benchmarks" / "library" / dt.date.today().isoformat()
     out.mkdir(parents=True, exist_ok=True)

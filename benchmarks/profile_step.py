@@ -19,10 +19,20 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from adaptive.attention import configure_attention  # noqa: E402
+from adaptive.build import setup  # noqa: E402
+from adaptive.config import PRESETS, TrainConfig  # noqa: E402
+from adaptive.loop import optimizer_step  # noqa: E402
+from adaptive.model import build_unet  # noqa: E402
+from bench.provenance import git, machine  # noqa: E402
+from bench.workers import CPU_BATCH, default_data, make_cfg  # noqa: E402
 
 # operator-name fragments -> group (first match wins); everything else is "other"
 GROUPS = [
@@ -45,9 +55,6 @@ def group_of(name: str) -> str:
 
 def profile(fn, steps: int) -> dict:
     """Self CPU time per operator group over `steps` calls (after 3 warm-up calls), and CPU seconds per call."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
     for _ in range(3):
         fn()
     t0 = time.process_time()
@@ -70,21 +77,14 @@ def profile(fn, steps: int) -> dict:
 
 
 def training_step(preset: str, batch: int, data: Path):
-    from throughput import make_cfg
-
-    from adaptive.build import setup
-    from adaptive.loop import optimizer_step
-
+    """One call = our optimizer step (adaptive/loop.py) on `preset` with `batch`."""
     run = setup(make_cfg(preset, data, batch, []), lambda m: None)
     batches, counter = run.data.batches(0), iter(range(10**9))
     return lambda: optimizer_step(run, next(counter), next(batches))
 
 
 def sampling_forward(preset: str, batch: int):
-    from adaptive.config import PRESETS, TrainConfig
-    from adaptive.attention import configure_attention
-    from adaptive.model import build_unet
-
+    """One call = a no-grad U-Net forward of `batch` images, as sample.py runs it."""
     cfg = TrainConfig(**PRESETS[preset])
     unet = configure_attention(build_unet(cfg).eval(), "auto", "cpu")  # as sample.py
     x, t = torch.randn(batch, 3, cfg.resolution, cfg.resolution), torch.tensor(500)
@@ -97,7 +97,8 @@ def sampling_forward(preset: str, batch: int):
 
 def write_md(res: dict, path: Path) -> None:
     L = [f"# Where the time goes ({res['date']}, {res['machine']})", "",
-         f"Command: `{res['command']}`; commit `{res['git_commit']}`; torch {res['torch']}; {res['threads']} thread(s). "
+         f"Command: `{res['command']}`; commit `{res['git_commit']}`; torch {res['torch']}; {res['threads']} "
+         "thread(s). "
          "Self CPU time of each operator group as a share of the profiled total (torch.profiler); CPU s/call = process "
          "time per call without the profiler.", ""]
     for name, r in res["profiles"].items():
@@ -114,23 +115,22 @@ def main(argv=None) -> int:
     p.add_argument("--presets", nargs="+", default=["cpu-tiny16", "cpu-tiny"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--data", type=Path, default=None, help="folder/.zip of images (default: shared CIFAR-10 or generated)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="folder/.zip of images (default: shared CIFAR-10 or generated)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    import compare_methods as cm
-    from throughput import CPU_BATCH, PROTOCOL_DATA, generated_data
-
     torch.set_num_threads(args.threads)
-    data = args.data or (PROTOCOL_DATA if PROTOCOL_DATA.exists() else generated_data(ROOT / "benchmarks" / "_work" / "images"))
+    data = default_data(args.data)
     date = dt.date.today().isoformat()
     out = args.out or ROOT / "docs" / "benchmarks" / "throughput" / date
     out.mkdir(parents=True, exist_ok=True)
     res = {"date": date, "command": " ".join(["python", "benchmarks/profile_step.py", *(argv or sys.argv[1:])]),
-           "git_commit": cm.git("rev-parse", "HEAD"), "machine": cm.machine()["cpu"], "torch": torch.__version__,
+           "git_commit": git("rev-parse", "HEAD"), "machine": machine()["cpu"], "torch": torch.__version__,
            "threads": args.threads, "load_average": os.getloadavg(), "profiles": {}}
     for preset in args.presets:
         batch = CPU_BATCH.get(preset, 32)
-        res["profiles"][f"{preset} training step, batch {batch}"] = profile(training_step(preset, batch, data), args.steps)
+        step = training_step(preset, batch, data)
+        res["profiles"][f"{preset} training step, batch {batch}"] = profile(step, args.steps)
         res["profiles"][f"{preset} sampling forward, batch 256"] = profile(sampling_forward(preset, 256), args.steps)
         print(f"profiled {preset}", flush=True)
     (out / "profile.json").write_text(json.dumps(res, indent=1))

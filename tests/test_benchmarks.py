@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(__import__("conftest").ROOT / "benchmarks"))
-from compare_methods import (ABLATIONS, aggregate, bar_verdict, calibration_budget, costs_to_measure,  # noqa: E402
-                             grid_name, grid_variants, interpolate_crossing, make_plan, parse_args, plan,
-                             recheck_points, select_tuned, used_ratio, variants)
+ROOT = __import__("conftest").ROOT
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench.costs import costs_to_measure  # noqa: E402
+from bench.plans import make_plan  # noqa: E402
+from bench.protocol import (ABLATIONS, METHODS, calibration_budget, grid_name, grid_variants, plan,  # noqa: E402
+                            recheck_points, used_ratio, variants)
+from bench.report import bar_verdict, render_stored  # noqa: E402
+from bench.summary import aggregate, interpolate_crossing, select_tuned  # noqa: E402
+from compare_methods import parse_args  # noqa: E402
 
 
 def test_crossing_is_interpolated_between_evaluation_points():
@@ -163,6 +168,7 @@ def test_quick_mode_runs_every_stage(tmp_path):
 @pytest.mark.slow
 def test_throughput_quick_mode_compares_side_by_side(tmp_path, monkeypatch, capsys):
     import throughput as tp
+    from bench import workers
     from conftest import run_cli
 
     out = tmp_path / "tp"
@@ -190,7 +196,7 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path, monkeypatch, caps
         return {"img_per_s": 7.0, "windows": [7.0, 7.0], "peak_memory_mb": 1.0, "mixed_precision": "no",
                 "first_call_seconds": 0.0, "device": "cpu", "threads": 1}
 
-    monkeypatch.setattr(tp, "run_worker", fake_worker)
+    monkeypatch.setattr(workers, "run_worker", fake_worker)
     assert tp.main(["--quick", "--out", str(out), "--only", "sample"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert sorted(calls) == ["sample-ours", "sample-pipeline"]  # no training worker ran
@@ -202,16 +208,19 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path, monkeypatch, caps
 
 def test_throughput_training_plan_and_flags_choose_kinds_batch_precision_and_reference(monkeypatch):
     import throughput as tp
+    from bench import workers
 
     # defaults as before: no compilation of ddpm-cifar10 on a CPU, the fp32 conventional loop is the reference
-    assert tp.train_plan(tp.parse_args([]), "ddpm-cifar10") == (16, ["train-ours", "train-conventional"], "train-conventional")
-    assert tp.train_plan(tp.parse_args([]), "cpu-tiny")[1] == ["train-ours", "train-ours-compile", "train-conventional"]
+    assert workers.train_plan(tp.parse_args([]), "ddpm-cifar10") == (16, ["train-ours", "train-conventional"],
+                                                                     "train-conventional")
+    assert workers.train_plan(tp.parse_args([]), "cpu-tiny")[1] == ["train-ours", "train-ours-compile",
+                                                                    "train-conventional"]
     gpu = tp.parse_args(["--train_batch", "128", "--mixed_precision", "bf16", "--train_kinds", "train-ours-compile",
                          "train-conventional-bf16"])
-    assert tp.train_plan(gpu, "ddpm-cifar10") == (128, ["train-ours-compile", "train-conventional-bf16"],
+    assert workers.train_plan(gpu, "ddpm-cifar10") == (128, ["train-ours-compile", "train-conventional-bf16"],
                                                   "train-conventional-bf16")
     only_ours = tp.parse_args(["--train_kinds", "train-ours-compile"])
-    assert tp.train_plan(only_ours, "ddpm-cifar10")[2] == "train-ours-compile"
+    assert workers.train_plan(only_ours, "ddpm-cifar10")[2] == "train-ours-compile"
     # --mixed_precision reaches every worker of ours (after it, an ablation's own precision wins), never the reference
     calls = []
 
@@ -220,15 +229,15 @@ def test_throughput_training_plan_and_flags_choose_kinds_batch_precision_and_ref
         return {"img_per_s": 1.0, "windows": [1.0], "peak_memory_mb": 1.0, "mixed_precision": "x",
                 "first_call_seconds": 0.0, "device": "cpu", "threads": 1}
 
-    monkeypatch.setattr(tp, "run_worker", fake_worker)
-    tp.side_by_side(["train-ours", "train-ours-fp32", "train-conventional-bf16"], "train-conventional-bf16",
+    monkeypatch.setattr(workers, "run_worker", fake_worker)
+    workers.side_by_side(["train-ours", "train-ours-fp32", "train-conventional-bf16"], "train-conventional-bf16",
                     "ddpm-cifar10", Path("."), 128, gpu, 1)
     assert calls == [("train-ours", 128, ["--mixed_precision", "bf16"]),
                      ("train-ours", 128, ["--mixed_precision", "bf16", "--mixed_precision", "no"]),
                      ("train-conventional-bf16", 128, [])]
     calls.clear()  # rounds rotate the order (load changes hit every kind) and pool each kind's windows
-    res = tp.side_by_side(["train-ours", "train-conventional"], "train-conventional", "cpu-tiny16", Path("."), 8,
-                          tp.parse_args([]), 3)
+    res = workers.side_by_side(["train-ours", "train-conventional"], "train-conventional", "cpu-tiny16", Path("."),
+                               8, tp.parse_args([]), 3)
     assert [c[0] for c in calls] == ["train-ours", "train-conventional", "train-conventional", "train-ours",
                                      "train-ours", "train-conventional"]
     assert res["train-ours"]["windows"] == [1.0] * 3 and res["train-ours"]["speedup"] == 1.0
@@ -485,7 +494,7 @@ def test_grad_by_t_second_moment_is_the_importance_sampled_estimators_and_the_op
 
 def test_only_a_run_with_every_planned_evaluation_is_kept_beside_the_table(tmp_path):
     """A run stopped early by SIGTERM exits 0 too: it is not kept (a kept run is skipped when restored)."""
-    from compare_methods import keep_finished_run, restore_finished_run
+    from bench.farm import keep_finished_run, restore_finished_run
 
     d, out = tmp_path / "work" / "adaptive_seed10", tmp_path / "out"
     d.mkdir(parents=True)
@@ -504,7 +513,8 @@ def test_only_a_run_with_every_planned_evaluation_is_kept_beside_the_table(tmp_p
 
 
 def test_long_runs_plan_and_speedups_at_several_targets(tmp_path):
-    from compare_methods import LONG_POINTS, speedups_at
+    from bench.protocol import LONG_POINTS
+    from bench.summary import speedups_at
 
     tuned = tmp_path / "t.json"
     tuned.write_text(json.dumps({"learning_rate": 2e-3, "adam_beta2": 0.99}))
@@ -527,6 +537,51 @@ def test_long_runs_plan_and_speedups_at_several_targets(tmp_path):
     assert sp["adaptive"][4000]["equiv_steps_to_target"] == pytest.approx(2000)  # 3.0 reached at 2,000: 2x
     assert sp["adaptive"][4000]["speedup"] == pytest.approx(2.0)
     assert sp["adaptive"][6000]["speedup"] is None  # uniform-tuned caught up: 2.0 is never reached
+
+
+METHOD_TABLES = ROOT / "docs" / "benchmarks" / "methods"
+# Committed tables that today's report re-renders byte for byte (2026-11-30 predates the current README format;
+# 2026-12-02-fp32-dev's README has a hand-written note on top).
+RERENDERED = ("2026-12-01-ablation", "2026-12-01-dev-tuned", "2026-12-01-tuning", "2026-12-02-long16")
+
+
+@pytest.mark.parametrize("name", RERENDERED)
+def test_committed_tables_re_render_byte_identically_from_their_results(tmp_path, name):
+    src = METHOD_TABLES / name
+    if not (src / "results.json").is_file() or not (src / "README.md").is_file():
+        pytest.skip(f"{src} is not in this checkout")
+    shutil.copyfile(src / "results.json", tmp_path / "results.json")
+    render_stored(tmp_path)
+    assert (tmp_path / "README.md").read_bytes() == (src / "README.md").read_bytes()
+    assert (tmp_path / "fd_vs_time.png").stat().st_size > 1000
+
+
+def test_report_only_re_renders_a_table_of_other_code_and_keeps_its_results(tmp_path):
+    """--report_only on a committed table (its runs measured with other code): README.md as committed, results.json
+    untouched - not a table emptied of its rows."""
+    import compare_methods
+
+    src, tuned = METHOD_TABLES / "2026-12-02-long16", METHOD_TABLES / "2026-12-01-tuning" / "uniform_tuned.json"
+    if not (src / "results.json").is_file() or not tuned.is_file():
+        pytest.skip(f"{src} is not in this checkout")
+    out = tmp_path / "table"
+    shutil.copytree(src, out)
+    (out / "README.md").unlink()
+    before = (out / "results.json").read_bytes()
+    anything = str(out / "costs.json")  # --data and --feature_extractor must exist; a re-render reads neither
+    argv = ["--long", "--seeds", "0", "--methods", "uniform-tuned", "adaptive", "--tuned", str(tuned), "--report_only",
+            "--out", str(out), "--work", str(tmp_path / "work"), "--data", anything, "--feature_extractor", anything]
+    assert compare_methods.main(argv) == 0
+    assert (out / "results.json").read_bytes() == before
+    assert (out / "README.md").read_bytes() == (src / "README.md").read_bytes()
+
+
+def test_the_methods_of_a_table_are_the_registry_s_and_the_protocol_s_baselines():
+    from adaptive.timesteps import METHODS as REGISTERED
+
+    assert set(REGISTERED) <= set(METHODS) and list(METHODS)[0] == "uniform" and list(METHODS)[-1] == "adaptive"
+    assert METHODS["min_snr"] == ["--loss_weighting", "min_snr"] and METHODS["uniform"] == []
+    assert all(METHODS[m] == ["--timestep_sampler", m] for m in REGISTERED if m != "uniform")
 
 
 def test_error_spectrum_bands_split_the_power_exactly():

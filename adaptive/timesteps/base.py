@@ -113,6 +113,7 @@ class TimestepSampler:
     changes_objective = False  # True for methods that deliberately optimise another objective than the configured one
     needs: frozenset[str] = frozenset()  # what the loop must pass beyond the defaults (a subset of NEEDS)
     tracks_by_default = True  # its per-bin diagnostics go to the trackers without --log_timestep_bins
+    update_period = 1  # optimizer steps between its occasional extra work (a cost measurement spans whole periods)
     Options: type = NoOptions  # its settings: a frozen dataclass of fields.setting(...), flags of the same names
 
     def __init__(self, num_timesteps: int, device: torch.device | str = "cpu", tables: Optional[DiffusionTables] = None):

@@ -116,6 +116,7 @@ class Kim2025Sampler(TimestepSampler):
     name = "kim2025"
     changes_objective = True  # no 1/p correction: the sampling distribution is part of the objective
     needs = frozenset({"step", "batch"})  # t is drawn from each sample's x0; the policy learns every 40 steps
+    update_period = UPDATE_EVERY
 
     def __init__(self, num_timesteps, device="cpu", tables=None, *, resolution: int = 32, seed: int = 0):
         super().__init__(num_timesteps, device, tables)

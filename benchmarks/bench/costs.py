@@ -1,0 +1,115 @@
+"""Cost ratios: each method's real optimizer step (adaptive.loop.optimizer_step, the loop's three sampler calls)
+timed side by side with uniform in one process, in interleaved blocks; c_m = time_m / time_uniform."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from adaptive.build import Run, setup
+from adaptive.config import replace, resolve_config
+from adaptive.loop import optimizer_step
+from adaptive.losses import DiffusionTables
+from adaptive.timesteps import build_sampler
+from train_accelerate import parse_args
+
+from .protocol import METHODS, order
+from .provenance import ROOT, git
+
+METHOD_FIELDS = ("timestep_sampler", "timestep_options", "loss_weighting")  # what a method's flags set
+
+
+def costs_to_measure(costs: dict | None, methods: list[str], remeasure: list[str]) -> tuple[dict, list[str]]:
+    """(the cost ratios to keep, the methods to measure): those of `methods` (and uniform) without a ratio, plus the
+    `remeasure` ones. Only these are measured again (side by side with uniform); every kept ratio stays as it is, so
+    that finished runs, whose step budgets were planned from it, stay finished."""
+    kept = {m: c for m, c in (costs or {}).items() if m not in remeasure}
+    needed = sorted(set(methods) | {"uniform"}, key=order)
+    return kept, [m for m in needed if m not in kept]
+
+
+def method_runs(run: Run, methods: list[str], flags: list[str]) -> dict[str, Run]:
+    """Per method, a view of `run` (the same model, optimizer and data) with the method's config, loss tables and
+    timestep sampler, built from its train_accelerate.py flags."""
+    out = {}
+    for m in methods:
+        cfg = resolve_config(parse_args([*flags, *METHODS[m]]))
+        cfg = replace(run.cfg, **{k: getattr(cfg, k) for k in METHOD_FIELDS})
+        tables = DiffusionTables.build(run.noise_scheduler.alphas_cumprod, cfg, run.accelerator.device)
+        out[m] = dataclasses.replace(run, cfg=cfg, tables=tables,
+                                     timesteps=build_sampler(cfg, run.accelerator.device, tables))
+    return out
+
+
+def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
+                  extra: list[str], clock: str = "wall", preset: str = "cpu-tiny16") -> dict:
+    """Median per-step time of each method's real optimizer step over interleaved blocks, relative to uniform.
+    clock 'wall': elapsed time; 'cpu': this process's CPU time - with one thread, the step's compute cost without
+    the time other processes of a busy machine take from it. A block spans whole periods of a method's occasional
+    work (its sampler's `update_period`)."""
+    now = time.perf_counter if clock == "wall" else time.process_time
+    torch.set_num_threads(threads)
+    work = ROOT / "benchmarks" / "_work" / "cost"
+    flags = ["--preset", preset, "--train_data_dir", str(data), "--output_dir", str(work), "--overwrite_output_dir",
+             "--logger", "none", *extra]
+    runs = method_runs(setup(resolve_config(parse_args(flags)), lambda m: None), methods, flags)
+    batches = next(iter(runs.values())).data.batches(0)
+    step = 0
+
+    def timed(m: str, n: int) -> float:
+        nonlocal step
+        t0 = now()
+        for _ in range(n):
+            optimizer_step(runs[m], step, next(batches))
+            step += 1
+        return (now() - t0) / n
+
+    for m in methods:  # warm-up every method (caches, allocator, first-update costs)
+        timed(m, warmup)
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for b in range(blocks):
+        for m in methods if b % 2 == 0 else list(reversed(methods)):  # alternate order against drift
+            times[m].append(timed(m, max(block_steps, runs[m].timesteps.update_period)))
+    ref = "uniform" if "uniform" in methods else methods[0]
+    # ratio per round (blocks of one round ran back to back), then the median: robust to load changes between rounds
+    return {m: {"seconds_per_step": statistics.median(v), "blocks": v, "clock": clock, "threads": threads,
+                "block_ratios": [a / b for a, b in zip(v, times[ref])],
+                "cost_ratio": statistics.median(a / b for a, b in zip(v, times[ref]))} for m, v in times.items()}
+
+
+def known_costs(args, previous: dict, costs_file: Path, this_hash: str) -> dict | None:
+    """Cost ratios measured on this code before: results.json's, else costs.json's; --costs overrides both."""
+    costs = previous.get("costs") if previous.get("code_hash") == this_hash else None
+    if costs is None and costs_file.exists() and json.loads(costs_file.read_text()).get("code_hash") == this_hash:
+        costs = json.loads(costs_file.read_text())["costs"]
+    if args.costs:
+        costs = json.loads(args.costs.read_text())["costs"]
+    return costs
+
+
+def cost_ratios(args, pl, methods: list[str], previous: dict, out: Path, this_hash: str, log) -> dict:
+    """The cost ratio of each of `methods` (measured once per table unless known; written to costs.json at once, so
+    that a restarted benchmark reuses them). Nothing is measured with --report_only."""
+    costs_file = out / "costs.json"
+    costs = known_costs(args, previous, costs_file, this_hash)
+    if set(methods) == {"uniform"}:  # only uniform's variants (the grid): the same step, nothing to measure
+        costs = {"uniform": {"cost_ratio": 1.0, "block_ratios": [1.0], "note": "the reference itself"}, **(costs or {})}
+    costs, missing = costs_to_measure(costs, sorted(methods, key=order), args.remeasure)
+    if args.report_only or not missing:
+        return costs
+    measure = sorted(set(missing) | {"uniform"}, key=order)  # each ratio is against uniform
+    log(f"measuring cost ratios of {', '.join(measure)} ({args.cost_blocks} interleaved blocks of "
+        f"{args.cost_block_steps} steps)")
+    fresh = measure_costs(measure, args.data, args.cost_block_steps, args.cost_blocks,
+                          warmup=max(2, args.cost_block_steps // 2), threads=args.threads, extra=args.extra,
+                          preset=pl.preset)
+    costs = {**costs, **{m: fresh[m] for m in missing}}  # ratios already measured are kept as they are
+    log("cost ratios: " + ", ".join(f"{m} {c['cost_ratio']:.3f}" for m, c in costs.items()))
+    costs_file.write_text(json.dumps({"code_hash": this_hash, "git_commit": git("rev-parse", "HEAD"),
+                                      "threads": args.threads, "costs": costs}, indent=1))
+    return costs

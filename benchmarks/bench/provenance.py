@@ -1,0 +1,68 @@
+"""Where a number came from: the commit, the hash of the code every method shares, the machine and the versions."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+METHOD_CONFIG_LINES = ("adaptive_", "speed_", "uncertainty_lr", '"adaptive_')  # config.py lines of one method only
+
+
+def git(*args: str) -> str:
+    """`git ARGS` in the repository, stripped stdout ('' when git fails)."""
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        return ""
+
+
+def shares_code(path: str) -> bool:
+    """A tracked file every method's training uses: train_accelerate.py and adaptive/ outside adaptive/timesteps/."""
+    inside = path.startswith("adaptive/") and not path.startswith("adaptive/timesteps/")
+    return path.endswith(".py") and (path == "train_accelerate.py" or inside)
+
+
+def code_hash() -> str:
+    """Hash of the code every method shares (working tree), without the method-specific config lines
+    (`adaptive_*`, `speed_*`, `uncertainty_lr`). Rows of one table must share it: only the method under test may
+    differ."""
+    h = hashlib.sha256()
+    for f in sorted(git("ls-files").splitlines()):
+        p = ROOT / f
+        if shares_code(f) and p.exists():
+            lines = p.read_text().splitlines()
+            if f == "adaptive/config.py":
+                lines = [line for line in lines if not line.strip().startswith(METHOD_CONFIG_LINES)]
+            h.update(f.encode() + b"\0" + "\n".join(lines).encode())
+    return h.hexdigest()[:16]
+
+
+def dirty() -> bool:
+    """Tracked files differ from the commit."""
+    return bool(git("status", "--porcelain", "--untracked-files=no"))
+
+
+def machine() -> dict:
+    """CPU model, core count and platform."""
+    model = platform.processor()
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except Exception:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform()}
+
+
+def versions() -> dict:
+    """Python, torch, diffusers and accelerate versions."""
+    import accelerate  # slow imports (seconds): only when a report records them
+    import diffusers
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
+            "accelerate": accelerate.__version__}

@@ -1,0 +1,136 @@
+"""throughput.py's report: README.md (training, sampling, method costs, memory), ablations.md and the bar charts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .workers import VARIANTS
+
+TRAIN_HEADER = "| preset | batch | loop | precision | img/s | vs conventional | first call s | peak MB |"
+SAMPLE_HEADER = "| preset | batch | steps | sampler | precision | img/s | vs pipeline | first call s |"
+
+
+REFERENCE_LABEL = "img/s vs reference (conventional loop / DDPMPipeline = 1)"
+
+
+def write_plot(res: dict, path: Path, ylabel: str = REFERENCE_LABEL) -> None:
+    """Bar chart of every kind's speed-up over its reference (conventional loop / DDPMPipeline), per preset."""
+    import matplotlib  # slow import (seconds): only when a plot is written
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(f"train\n{p}\n{k.replace('train-', '')}", v["speedup"]) for p, r in res.get("train", {}).items()
+            for k, v in r.items() if isinstance(v, dict)]
+    bars += [(f"sample\n{p}\n{k.replace('sample-', '')}", v["speedup"]) for p, r in res.get("sample", {}).items()
+             for k, v in r.items() if isinstance(v, dict)]
+    if not bars:
+        return
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4.5), dpi=110)
+    ax.bar(range(len(bars)), [b[1] for b in bars], color=["tab:gray" if b[1] == 1.0 else "tab:blue" for b in bars])
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(f"Throughput {res['date']} ({res['machine']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def fmt_load(load) -> str:
+    return "/".join(f"{x:.1f}" for x in load) if load else "?"
+
+
+def kept_presets(res: dict, section: str, commit: str) -> str:
+    """' (P: commit c, ...)' for the presets of a section kept from an earlier run (`--only` re-measured the others)."""
+    per_preset = res.get(section) if isinstance(res.get(section), dict) else {}  # train, sample (not methods, memory)
+    kept = [f"{p}: commit `{r['git_commit'][:7]}`" for p, r in per_preset.items()
+            if isinstance(r, dict) and r.get("git_commit", commit) != commit]
+    return f" ({', '.join(kept)} kept from an earlier run)" if kept else ""
+
+
+def header(res: dict) -> list[str]:
+    """Title, command, how img/s and memory are measured, load; the sections measured separately; partial runs."""
+    sections = res.get("sections", {})
+    separate = (len({v["git_commit"] for v in sections.values()}) > 1
+                or any(v.get("command") != res["command"] for v in sections.values()))
+    return [f"# Throughput ({res['date']}, {res['machine']})", "",
+            f"Command: `{res['command']}`; commit `{res['git_commit']}`; torch {res['versions']['torch']}. "
+            "img/s = median over windows after warm-up; the kinds ran in fresh processes in rotating order (so load "
+            "changes on this shared machine hit all of them). `-compile` = `--compile` (torch.compile); its one-off "
+            "compilation is the 'first call' column, not part of img/s. Peak memory = process peak RSS on the CPU "
+            "(includes the Python runtime and the dataset), CUDA max allocated on a GPU. Plot: `throughput.png`. "
+            f"Load average (1/5/15 min) at start {fmt_load(res.get('load_average_start'))}, at end "
+            f"{fmt_load(res.get('load_average_end'))} on {os.cpu_count()} CPUs.", "",
+            *(["Sections measured separately (`--only`): " + "; ".join(
+                f"{name}: commit `{v['git_commit'][:7]}`{kept_presets(res, name, v['git_commit'])}, load "
+                f"{fmt_load(v.get('load_average_start'))} -> {fmt_load(v.get('load_average_end'))}"
+                for name, v in sections.items()), ""] if separate else []),
+            *([] if res.get("complete", True) else ["**Partial run**: the sections below are those measured before "
+                                                      "it was stopped.", ""])]
+
+
+def speed_tables(res: dict) -> list[str]:
+    """Training (ours vs the conventional loop) and sampling (ours vs DDPMPipeline)."""
+    L = ["## Training: our loop vs the conventional Diffusers-example loop", "", TRAIN_HEADER,
+         "|---|---|---|---|---|---|---|---|"]
+    for preset, r in res["train"].items():
+        for kind, v in r.items():
+            if isinstance(v, dict):
+                L.append(f"| {preset} | {r['batch']} | {kind.replace('train-', '')} | {v['mixed_precision']} | "
+                         f"{v['img_per_s']:.1f} | {v['speedup']:.2f}x | {v['first_call_seconds']:.1f} | "
+                         f"{v['peak_memory_mb']:.0f} |")
+    L += ["", "## Sampling: sample.py's path vs `DDPMPipeline(...)()` out of the box (same model, steps, batch)", "",
+          SAMPLE_HEADER, "|---|---|---|---|---|---|---|---|"]
+    for preset, r in res["sample"].items():
+        for kind, v in r.items():
+            if isinstance(v, dict):
+                L.append(f"| {preset} | {r['batch']} | {r['steps']} | {kind.replace('sample-', '')} | "
+                         f"{v['mixed_precision']} | {v['img_per_s']:.1f} | {v['speedup']:.2f}x | "
+                         f"{v['first_call_seconds']:.1f} |")
+    return L
+
+
+def cost_and_memory_tables(res: dict) -> list[str]:
+    """The timestep methods' per-step cost ratios and the memory table, where measured."""
+    L = []
+    if res.get("methods"):
+        src = f" (measured by `{res['methods_source']}`, same code)" if res.get("methods_source") else ""
+        clock = next(iter(res["methods"].values())).get("clock", "wall")
+        L += ["", f"## Per-step cost of each timestep method relative to uniform (cpu-tiny16, one process, interleaved "
+                  f"blocks, {'CPU' if clock == 'cpu' else 'wall-clock'} time){src}", "",
+              "| method | s/step | cost ratio (median of blocks) | ratio per block |", "|---|---|---|---|"]
+        for m, c in res["methods"].items():
+            per_block = ", ".join(f"{r:.3f}" for r in c.get("block_ratios", []))
+            L.append(f"| {m} | {c['seconds_per_step']:.4f} | {c['cost_ratio']:.3f} | {per_block} |")
+    if res.get("memory"):
+        L += ["", f"## Memory: {res.get('memory_preset', 'ddpm-cifar10')} on {res['memory'][0]['device']}", "",
+              "| batch per device | precision | gradient checkpointing | peak MB | img/s |", "|---|---|---|---|---|"]
+        for m in res["memory"]:
+            L.append(f"| {m['batch']} | {m['mixed_precision']} | {m['gradient_checkpointing']} | "
+                     f"{m['peak_memory_mb']:.0f} | {m['img_per_s']:.2f} |")
+    return L
+
+
+def write_readme(res: dict, path: Path) -> None:
+    """README.md of a throughput run."""
+    path.write_text("\n".join([*header(res), *speed_tables(res), *cost_and_memory_tables(res)]) + "\n")
+
+
+def write_ablations(res: dict, out: Path) -> None:
+    """ablations.md and ablations.png: our step with each optimisation switched back, against the default."""
+    L = [f"# Ablations of our training step ({res['date']}, {res['machine']})", "",
+         f"Command: `{res['command']}`; commit `{res['git_commit']}`. img/s relative to our default step (bf16 "
+         "autocast, `--attention_impl auto`: `matmul_attention` under CPU autocast, NCHW), each variant in fresh "
+         f"processes in rotating order. Load average at start {fmt_load(res['load_average_start'])}, at end "
+         f"{fmt_load(res['load_average_end'])} on {os.cpu_count()} CPUs.",
+         "", "| preset | batch | variant | flags | img/s | vs default |", "|---|---|---|---|---|---|"]
+    for preset, r in res["ablations"].items():
+        for kind, v in r.items():
+            if isinstance(v, dict):
+                flags = " ".join(VARIANTS.get(kind, ("", []))[1]) or "(default)"
+                L.append(f"| {preset} | {r['batch']} | {kind.replace('train-', '')} | `{flags}` | "
+                         f"{v['img_per_s']:.1f} | {v['speedup']:.2f}x |")
+    (out / "ablations.md").write_text("\n".join(L) + "\n")
+    write_plot({**res, "train": res["ablations"]}, out / "ablations.png", ylabel="img/s vs our default step (= 1)")
