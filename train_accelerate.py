@@ -86,9 +86,9 @@ def _train(argv, control: StopControl) -> int:
     if args.print_config:
         print(cfg.to_json())
         return 0
-    from adaptive.hub import EXIT_UPLOAD_FAILED
-    from adaptive.loop import train
-    from adaptive.session import main_process_logger
+    from adaptive.hub import EXIT_UPLOAD_FAILED  # imports torch: after the signal handlers; --help stays fast
+    from adaptive.loop import train  # imports torch: after the signal handlers; --help stays fast
+    from adaptive.session import main_process_logger  # imports torch: after the signal handlers; --help stays fast
 
     note = precision_override(cfg, args.mixed_precision, saved, os.environ.get("ACCELERATE_MIXED_PRECISION"))
     if note:

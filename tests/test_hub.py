@@ -611,7 +611,7 @@ def test_rerun_command_resumes_latest_keeps_the_flags_and_hides_the_token(monkey
 def test_finish_uploads_says_what_is_missing_and_how_to_retry(hub, run_folder, no_library_retries, monkeypatch):
     from types import SimpleNamespace
 
-    from adaptive.rundir import finish_uploads
+    from adaptive.hub import finish_uploads
 
     monkeypatch.setattr("sys.argv", ["train_accelerate.py", "--output_dir", str(run_folder), "--push_to_hub"])
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
