@@ -142,7 +142,7 @@ def reference_source(args):
     if args.ref_dataset:
         try:
             entries = open_entries(TrainConfig(dataset_name=args.ref_dataset, train_data_dir=None,
-                                               cache_dir=args.cache_dir))
+                                               cache_dir=args.cache_dir), dataset_flag="--ref_dataset")
         except ConfigError as e:  # adaptive.data speaks of the training flags
             raise ConfigError(str(e).replace("--train_data_dir", "--ref_dir")) from None
         return entries, entries.description

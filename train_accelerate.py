@@ -11,7 +11,8 @@ config; --print_config prints the resolved config and exits.
 Exit status: 0 done (or stopped by a signal / the budget, checkpoint written); 2 bad input (one line on stderr); 3
 trained and saved locally, but the final --push_to_hub upload did not reach the Hub (the printed command retries it);
 4 training diverged, 5 disk full, 6 lost a peer rank, 7 a launch that formed no process group (adaptive/faults.py);
-130 a second Ctrl-C (stopped at once, the newest checkpoint and the previous export intact).
+130 a second Ctrl-C (stopped at once, the newest checkpoint and the previous export intact); 128 + N a signal N while
+waiting for the Hub's answer to --dataset_name (adaptive/hub_wait.py; nothing written).
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ gets its uploader from `connect_hub` (before setup) and waits for it with `finis
 Timeouts and retries: huggingface_hub retries transient HTTP errors and timeouts of the preupload call and of LFS/Xet
 transfers itself (`http_backoff`: up to 5 retries, 1-8 s apart), but not the commit POST of `create_commit` (a lost
 answer could duplicate the commit) nor create_repo; the retry loop here covers those and errors that outlast the
-library's backoff. The library has no timeout for its upload calls (one shared httpx client, created with
-timeout=None; HF_HUB_DOWNLOAD_TIMEOUT and HF_HUB_ETAG_TIMEOUT cover downloads only), so the uploader gives that client
-one through the library's hook for client settings, `set_client_factory` (`use_request_timeout`).
+library's backoff. The library has no timeout for its upload calls, so the uploader gives its shared client one
+(`hub_wait.use_request_timeout`: REQUEST_TIMEOUT_S per request).
 
 The token is never written anywhere: it is only handed to `HfApi`, and every message this module logs is scrubbed
 of it (and of anything that looks like a Hub token or a bearer credential).
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .config import ConfigError, TrainConfig
+from .hub_wait import REQUEST_TIMEOUT_S, use_request_timeout
 from .rundir import hub_patterns, public_bytes, rerun_command
 
 __all__ = ["EXIT_UPLOAD_FAILED", "find_token", "resolve_token", "upload_patterns", "commit_files", "HubUploader",
@@ -38,9 +38,6 @@ __all__ = ["EXIT_UPLOAD_FAILED", "find_token", "resolve_token", "upload_patterns
 
 # Exit status of a run that trained and saved everything locally but whose final upload did not reach the Hub.
 EXIT_UPLOAD_FAILED = 3
-
-REQUEST_TIMEOUT_S = 60.0  # per connect / read / write of one HTTP request (not per call): a silent server fails it
-_CONNECT_TIMEOUT_S = 10.0
 
 _CHECKPOINT_PATTERN = "checkpoint-*/**"
 # Never published. huggingface_hub matches with fnmatch, where `*` also crosses `/`, so "*.tmp" covers every level
@@ -136,37 +133,6 @@ def _is_permanent(exc: BaseException) -> bool:
 
 def _status(exc: BaseException) -> Optional[int]:
     return getattr(getattr(exc, "response", None), "status_code", None)
-
-
-# ------------------------------------------------------------------------------------------------ request timeouts
-
-_timeout_s: Optional[float] = None
-
-
-def _client_with_timeout():
-    """huggingface_hub's default client, with a timeout."""
-    from huggingface_hub.utils._http import default_client_factory
-
-    client = default_client_factory()
-    client.timeout = type(client.timeout)(_timeout_s, connect=min(_CONNECT_TIMEOUT_S, _timeout_s))
-    return client
-
-
-def use_request_timeout(seconds: float) -> bool:
-    """Give every request huggingface_hub makes in this process a timeout of `seconds` (per connect / read / write),
-    through `set_client_factory`. A client factory installed by someone else is left alone (returns False)."""
-    global _timeout_s
-    try:
-        from huggingface_hub import set_client_factory
-        from huggingface_hub.utils import _http  # private module: which factory is installed now
-    except ImportError:  # pragma: no cover - huggingface_hub < 1.0
-        return False
-    if _http._GLOBAL_CLIENT_FACTORY not in (_http.default_client_factory, _client_with_timeout):
-        return False
-    if _http._GLOBAL_CLIENT_FACTORY is not _client_with_timeout or _timeout_s != seconds:
-        _timeout_s = float(seconds)
-        set_client_factory(_client_with_timeout)  # closes the shared client; the next request builds one
-    return True
 
 
 # ------------------------------------------------------------------------------------------------ the uploader

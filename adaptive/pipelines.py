@@ -8,6 +8,7 @@ from pathlib import Path
 from .checkpoint import (MANIFEST, MODEL_FILE, checkpoint_step, find_latest, load_ema_weights, read_config,
                          verify_checkpoint)
 from .config import ConfigError, TrainConfig
+from .hub_wait import hub_wait
 from .model import build_noise_scheduler, build_unet
 from .rundir import artifact
 
@@ -44,7 +45,10 @@ def load_pipeline(model_path: str, weights: str = "ema", log=print):
     elif weights != "ema":
         raise ConfigError(f"--weights {weights} needs a local run or checkpoint folder, not {model_path!r}")
     try:
-        return DDPMPipeline.from_pretrained(model_path)
+        with hub_wait("--model_path", model_path):
+            return DDPMPipeline.from_pretrained(model_path)
+    except ConfigError:
+        raise
     except Exception as e:  # diffusers/huggingface_hub raise many types (OSError, EnvironmentError, HTTP errors)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"cannot load a DDPMPipeline from {model_path!r}: {msg}") from None
