@@ -24,7 +24,7 @@ from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser, add_config_arguments, precision_override, resolve_config
 from adaptive.control import StopControl
-from adaptive.faults import lost_peer, run_cli
+from adaptive.faults import lost_peer, out_of_memory, run_cli
 
 
 def parse_args(argv=None):
@@ -71,11 +71,12 @@ def main(argv=None) -> int:
               "the previous export are intact; rerun with --resume_from_checkpoint latest", file=sys.stderr)
         return 130
     except Exception as e:
-        lost = lost_peer(e)  # this rank's own view of a peer that ended or hung (not a bug here: no traceback)
-        if lost is None:
+        # this rank's own view of a peer that ended or hung, or an allocation that failed (not a bug: no traceback)
+        fault = lost_peer(e) or out_of_memory(e)
+        if fault is None:
             raise
-        print(f"train_accelerate.py: error: {lost}", file=sys.stderr)
-        return lost.exit_code
+        print(f"train_accelerate.py: error: {fault}", file=sys.stderr)
+        return fault.exit_code
     finally:
         control.restore_handlers()
 

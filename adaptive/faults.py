@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import sys
 from contextlib import contextmanager
@@ -101,6 +102,20 @@ def lost_peer(exc: BaseException) -> Optional[PeerLost]:
     else:
         return None
     return PeerLost(f"rank {dist.get_rank()}: {what}; rerun the same command with --resume_from_checkpoint latest")
+
+
+def out_of_memory(exc: BaseException) -> Optional[ConfigError]:
+    """The one-line ConfigError (exit 2: a setting too large for this machine) for an allocation that failed - CPU or
+    GPU, in torch or in Python - or None for anything else."""
+    for e in _chain(exc):
+        text = str(e)
+        if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in text \
+                or "CUDA out of memory" in text:
+            asked = re.search(r"tried to allocate [0-9.]+ ?[A-Za-z]+", text)
+            return ConfigError(f"out of memory{f' ({asked.group(0)})' if asked else ''}: lower --train_batch_size "
+                               "(--gradient_accumulation_steps keeps the global batch) or --resolution; the "
+                               "checkpoints are intact")
+    return None
 
 
 # How a full disk surfaces: errno from Python's own writes, the message from safetensors (Rust), and torch.save's

@@ -587,6 +587,22 @@ def test_30_10_sighup_stops_like_sigterm_with_a_checkpoint(tmp_path, image_folde
     assert "received SIGHUP" in out and (run / "checkpoint-1").is_dir()
 
 
+def test_30_3_an_allocation_failure_is_one_line_exit_2(capsys, monkeypatch):
+    """Issue 30, finding 3 (the drill's --train_batch_size 40000000): after the old run was put back, the allocation
+    failure itself still ended in a traceback (exit 1)."""
+    import adaptive.loop
+
+    def oom(cfg, control):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 122880000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(adaptive.loop, "train", oom)
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", "runs/never-written"], capsys)
+    assert code == 2, err
+    line = one_line_error(err, 2, "out of memory (tried to allocate 122880000000 bytes): lower --train_batch_size")
+    assert "Traceback" not in err and line.startswith("train_accelerate.py: error: ")
+
+
 # ---------------------------------------------------------------------------------------------- issue 30: Hub waits
 
 
