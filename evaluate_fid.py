@@ -27,7 +27,8 @@ from typing import Optional
 
 import numpy as np
 
-from adaptive.config import ConfigError, OneLineParser, fill_like_run, like_run_help, load_run_config
+from adaptive.config import (ConfigError, OneLineParser, TrainConfig, fill_like_run, like_run_help, load_run_config,
+                             replace)
 from adaptive.faults import check_output_path, run_cli
 
 CLEAN_FID_REFS = {"cifar10-train": ("cifar10", 32, "train"), "cifar10-test": ("cifar10", 32, "test")}
@@ -122,7 +123,7 @@ def check_args(args) -> None:
 def load_featnet(args):
     import torch
 
-    from adaptive.fid import FeatureNet
+    from adaptive.fid import FeatureNet  # imports torch: keeps --help fast
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return FeatureNet(args.feature_extractor, device, args.mode, args.batch_size)
@@ -135,14 +136,13 @@ def features(images, featnet):
 
 def reference_source(args):
     """(ImageEntries, description) of --ref_dir (folder, .zip or .npz) or --ref_dataset."""
-    from adaptive.data import ArrayEntries, open_entries
-    from adaptive.image_files import load_npz_images, path_entries
+    from adaptive.data import ArrayEntries, open_entries  # imports torch: keeps --help fast
+    from adaptive.image_files import load_npz_images, path_entries  # imports torch: keeps --help fast
 
     if args.ref_dataset:
-        from adaptive.config import TrainConfig
-
         try:
-            entries = open_entries(TrainConfig(dataset_name=args.ref_dataset, train_data_dir=None, cache_dir=args.cache_dir))
+            entries = open_entries(TrainConfig(dataset_name=args.ref_dataset, train_data_dir=None,
+                                               cache_dir=args.cache_dir), dataset_flag="--ref_dataset")
         except ConfigError as e:  # adaptive.data speaks of the training flags
             raise ConfigError(str(e).replace("--train_data_dir", "--ref_dir")) from None
         return entries, entries.description
@@ -158,9 +158,9 @@ def reference_source(args):
 def build_reference(args, featnet, resolution: Optional[int], log=print) -> dict:
     """Statistics of --ref_dir/--ref_dataset at `resolution` (None: the images' own size): a fixed random subset of
     --ref_num_images (seed 0), decoded and resized as the training data pipeline does, cached by content."""
-    from adaptive.data import decode_all, default_cache_dir
-    from adaptive.fid import reference_stats, reference_subset
-    from adaptive.image_files import fmt_size
+    from adaptive.data import decode_all, default_cache_dir  # imports torch: keeps --help fast
+    from adaptive.fid import reference_stats, reference_subset  # imports torch: keeps --help fast
+    from adaptive.image_files import fmt_size  # imports torch: keeps --help fast
 
     entries, source = reference_source(args)
     w, h = entries.open(0).size
@@ -181,9 +181,8 @@ def build_reference(args, featnet, resolution: Optional[int], log=print) -> dict
 def run_reference(args, run, featnet, size: tuple[int, int]) -> dict:
     """The reference of --like_run's in-training evaluation (adaptive.evaluation.training_reference: the same
     decision, images and subset), with --mode and --ref_num_images as resolved."""
-    from adaptive.config import replace
-    from adaptive.evaluation import training_reference
-    from adaptive.image_files import fmt_size
+    from adaptive.evaluation import training_reference  # imports torch: keeps --help fast
+    from adaptive.image_files import fmt_size  # imports torch: keeps --help fast
 
     if tuple(size) != (run.resolution, run.resolution):
         raise ConfigError(f"the samples are {fmt_size(size)} px but --like_run {args.like_run} trained at "
@@ -196,8 +195,8 @@ def run_reference(args, run, featnet, size: tuple[int, int]) -> dict:
 def load_reference(args, featnet, size: tuple[int, int], run=None) -> dict:
     """{'mu', 'sigma', ['feats'], 'name', ...} of the chosen reference at the samples' size (`run`: --like_run's
     config, whose reference is used when no other is given)."""
-    from adaptive.fid import INCEPTION, clean_fid_reference, load_reference_stats
-    from adaptive.image_files import fmt_size
+    from adaptive.fid import INCEPTION, clean_fid_reference, load_reference_stats  # imports torch: keeps --help fast
+    from adaptive.image_files import fmt_size  # imports torch: keeps --help fast
 
     if run is not None and not given_reference(args):
         return run_reference(args, run, featnet, size)
@@ -218,7 +217,7 @@ def load_reference(args, featnet, size: tuple[int, int], run=None) -> dict:
 
 
 def make_ref(args) -> int:
-    from adaptive.fid import save_stats
+    from adaptive.fid import save_stats  # imports torch: keeps --help fast
 
     ref = build_reference(args, load_featnet(args), args.resolution)
     path = ref["path"]
@@ -237,7 +236,8 @@ def make_ref(args) -> int:
 
 def score(feats: np.ndarray, ref: dict, metric: str) -> dict:
     """FD (FID or proxy FD), KID and precision/recall (k=3) of sample features against the reference."""
-    from adaptive.fid import feature_stats, frechet_distance, kernel_inception_distance, precision_recall
+    from adaptive.fid import (  # imports torch: keeps --help fast
+        feature_stats, frechet_distance, kernel_inception_distance, precision_recall)
 
     if ref["mu"].shape[0] != feats.shape[1]:
         raise ConfigError(f"the reference {ref['name']} has {ref['mu'].shape[0]}-dimensional features but the "
@@ -293,8 +293,8 @@ def warn_unlike_run(samples, run, log) -> None:
 
 def evaluate(args, run=None) -> dict:
     """Score --samples (`run`: --like_run's config or None) -> metrics.json and the summary line."""
-    from adaptive.fid import warn_if_few
-    from adaptive.image_files import open_images
+    from adaptive.fid import warn_if_few  # imports torch: keeps --help fast
+    from adaptive.image_files import open_images  # imports torch: keeps --help fast
 
     t0 = time.perf_counter()
     samples = open_images(args.samples, "--samples", args.num_images)

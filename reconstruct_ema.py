@@ -15,12 +15,14 @@ from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser, TrainConfig
 from adaptive.faults import check_output_path, run_cli
+from adaptive.model_card import write_model_card
 
 
 def parse_args(argv=None):
     p = OneLineParser(prog="reconstruct_ema.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--run_dir", required=True, help="training output_dir with config.json and ema_snapshots/")
-    p.add_argument("--sigma_rel", type=float, nargs="+", required=True, help="EMA length(s) to reconstruct (relative std)")
+    p.add_argument("--sigma_rel", type=float, nargs="+", required=True,
+                   help="EMA length(s) to reconstruct (relative std)")
     p.add_argument("--at_step", type=int, default=None,
                    help="optimizer step to reconstruct at [default: the last snapshot]")
     p.add_argument("--output_dir", default=None, help="where to write the pipeline [default: run_dir/phema-<sigma>]")
@@ -32,10 +34,9 @@ def parse_args(argv=None):
 def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path) -> dict:
     from diffusers import DDPMPipeline
 
-    from adaptive.checkpoint import Progress
-    from adaptive.model import build_noise_scheduler, build_unet
-    from adaptive.model_card import write_model_card
-    from adaptive.phema import list_snapshots, reconstruct
+    from adaptive.checkpoint import Progress  # imports torch: keeps --help fast
+    from adaptive.model import build_noise_scheduler, build_unet  # imports torch: keeps --help fast
+    from adaptive.phema import list_snapshots, reconstruct  # imports torch: keeps --help fast
 
     if not 0 < sigma_rel < 0.289:
         raise ConfigError(f"--sigma_rel {sigma_rel} must be in (0, 0.289)")

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from adaptive.config import CHOICES, ConfigError, OneLineParser, fill_like_run, like_run_help, load_run_config
 from adaptive.faults import check_output_path, run_cli
-from adaptive.attention import configure_attention
 
 GRID_IMAGES = 64
-IDENTITY_KEYS = ("model_path", "weights", "scheduler", "num_inference_steps", "seed_offset")  # a resumed run shares these
+# a resumed run shares these
+IDENTITY_KEYS = ("model_path", "weights", "scheduler", "num_inference_steps", "seed_offset")
 # --like_run RUN samples as RUN's in-training evaluation did (always DDPM ancestral, the default --scheduler): the flags
 # not given take these fields of its config. flag: (default without --like_run, the run config's field)
 LIKE_RUN = {
@@ -88,10 +88,10 @@ def check_args(args) -> None:
 
 
 def load_pipeline(model_path: str, weights: str = "ema"):
-    """adaptive.rundir.load_pipeline with Diffusers' loading bar silenced (noise on the sampling's stderr)."""
+    """adaptive.pipelines.load_pipeline with Diffusers' loading bar silenced (noise on the sampling's stderr)."""
     from diffusers.utils import logging as diffusers_logging
 
-    from adaptive.rundir import load_pipeline as load
+    from adaptive.pipelines import load_pipeline as load  # imports torch: keeps --help fast
 
     was_enabled = diffusers_logging.is_progress_bar_enabled()
     diffusers_logging.disable_progress_bar()
@@ -104,7 +104,7 @@ def load_pipeline(model_path: str, weights: str = "ema"):
 
 def sampling_record(args, scheduler_config) -> dict:
     """The settings that identify a sample set (IDENTITY_KEYS first), written to sampling.json."""
-    from adaptive.image_sampler import image_sampler_label
+    from adaptive.image_sampler import image_sampler_label  # imports torch: keeps --help fast
 
     model = Path(args.model_path).expanduser()
     steps_t = scheduler_config["num_train_timesteps"]
@@ -174,7 +174,7 @@ def generate(accelerator, unet, scheduler_config, todo: list[int], args, images_
     """This rank's contiguous share of the indices `todo`, in batches, each batch written as PNGs."""
     from tqdm.auto import tqdm
 
-    from adaptive.image_sampler import ddpm_sample
+    from adaptive.image_sampler import ddpm_sample  # imports torch: keeps --help fast
 
     world = accelerator.num_processes
     with accelerator.split_between_processes(todo) as mine:  # no padding: ranks never talk while generating
@@ -193,7 +193,7 @@ def finalize(out: Path, record: dict, npz: bool) -> dict:
     """Main process: grid of the first 64, optional samples.npz, the completed sampling.json."""
     import numpy as np
 
-    from adaptive.image_sampler import save_grid
+    from adaptive.image_sampler import save_grid  # imports torch: keeps --help fast
 
     n = record["num_images"]
     missing = [i for i in range(n) if not png_path(out / "images", i).exists()]
@@ -231,7 +231,8 @@ def run(args) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from adaptive.image_sampler import compile_for_sampling, make_scheduler
+    from adaptive.attention import configure_attention  # imports torch: keeps --help fast
+    from adaptive.image_sampler import compile_for_sampling, make_scheduler  # imports torch: keeps --help fast
 
     pipe = load_pipeline(args.model_path, args.weights)
     scheduler_config = make_scheduler(pipe.scheduler.config, "ddpm").config  # a DDPMScheduler config whatever was saved
@@ -271,7 +272,8 @@ def run(args) -> dict:
         record = finalize(out, record, args.npz)
         skipped = args.num_images - len(todo)
         print(f"sampled {len(todo)} images ({skipped} already there) with {record['sampler']}, "
-              f"{args.num_inference_steps} steps, in {seconds:.1f}s on {accelerator.num_processes} process(es) -> {out}")
+              f"{args.num_inference_steps} steps, in {seconds:.1f}s on {accelerator.num_processes} process(es) "
+              f"-> {out}")
     accelerator.end_training()  # every rank: the process group is torn down here, not by the interpreter's exit
     return record
 

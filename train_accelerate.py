@@ -11,7 +11,8 @@ config; --print_config prints the resolved config and exits.
 Exit status: 0 done (or stopped by a signal / the budget, checkpoint written); 2 bad input (one line on stderr); 3
 trained and saved locally, but the final --push_to_hub upload did not reach the Hub (the printed command retries it);
 4 training diverged, 5 disk full, 6 lost a peer rank, 7 a launch that formed no process group (adaptive/faults.py);
-130 a second Ctrl-C (stopped at once, the newest checkpoint and the previous export intact).
+130 a second Ctrl-C (stopped at once, the newest checkpoint and the previous export intact); 128 + N a signal N while
+waiting for the Hub's answer to --dataset_name (adaptive/hub_wait.py; nothing written).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from adaptive.config import ConfigError, OneLineParser, add_config_arguments, precision_override, resolve_config
 from adaptive.control import StopControl
-from adaptive.faults import lost_peer, run_cli
+from adaptive.faults import lost_peer, out_of_memory, run_cli
 
 
 def parse_args(argv=None):
@@ -70,11 +71,12 @@ def main(argv=None) -> int:
               "the previous export are intact; rerun with --resume_from_checkpoint latest", file=sys.stderr)
         return 130
     except Exception as e:
-        lost = lost_peer(e)  # this rank's own view of a peer that ended or hung (not a bug here: no traceback)
-        if lost is None:
+        # this rank's own view of a peer that ended or hung, or an allocation that failed (not a bug: no traceback)
+        fault = lost_peer(e) or out_of_memory(e)
+        if fault is None:
             raise
-        print(f"train_accelerate.py: error: {lost}", file=sys.stderr)
-        return lost.exit_code
+        print(f"train_accelerate.py: error: {fault}", file=sys.stderr)
+        return fault.exit_code
     finally:
         control.restore_handlers()
 
@@ -86,9 +88,9 @@ def _train(argv, control: StopControl) -> int:
     if args.print_config:
         print(cfg.to_json())
         return 0
-    from adaptive.hub import EXIT_UPLOAD_FAILED
-    from adaptive.loop import train
-    from adaptive.session import main_process_logger
+    from adaptive.hub import EXIT_UPLOAD_FAILED  # imports torch: after the signal handlers; --help stays fast
+    from adaptive.loop import train  # imports torch: after the signal handlers; --help stays fast
+    from adaptive.session import main_process_logger  # imports torch: after the signal handlers; --help stays fast
 
     note = precision_override(cfg, args.mixed_precision, saved, os.environ.get("ACCELERATE_MIXED_PRECISION"))
     if note:

@@ -188,7 +188,7 @@ def build_model(cfg: TrainConfig, device: torch.device):
 def setup(cfg: TrainConfig, log, entries=None, main_error: Optional[str] = None) -> Run:
     """Accelerator, data on the device, model, noise schedule, timestep sampler, EMA, optimizer, LR schedule; the
     TrainState registered with the accelerator (so save_state/load_state carry it). `main_error`: a check that only
-    the main process made failed (the Hub check, `rundir.connect_hub`): raised on every rank before anything is
+    the main process made failed (the Hub check, `hub.connect_hub`): raised on every rank before anything is
     written."""
     from diffusers.optimization import get_scheduler
 

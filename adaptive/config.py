@@ -256,7 +256,7 @@ class TrainConfig:
 
 def _methods():
     """adaptive.timesteps.registry, imported on first use (see the module docstring: it imports torch)."""
-    from .timesteps import registry
+    from .timesteps import registry  # imports torch: the config and --help load without it
 
     return registry
 

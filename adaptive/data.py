@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ConfigError, TrainConfig
+from .hub_wait import hub_wait
 from .seeding import seed_for
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm")
@@ -152,9 +153,10 @@ class ArrayEntries(ImageEntries):
         return Image.fromarray(self.array[i])
 
 
-def open_entries(cfg: TrainConfig, flag: str = "--train_data_dir") -> ImageEntries:
-    """The configured source as ImageEntries; raises ConfigError with a one-line reason (naming `flag`, the flag that
-    gave cfg.train_data_dir)."""
+def open_entries(cfg: TrainConfig, flag: str = "--train_data_dir",
+                 dataset_flag: str = "--dataset_name") -> ImageEntries:
+    """The configured source as ImageEntries; raises ConfigError with a one-line reason (naming `flag` / `dataset_flag`,
+    the flags that gave cfg.train_data_dir / cfg.dataset_name)."""
     if cfg.train_data_dir:
         path = Path(cfg.train_data_dir).expanduser()
         if not path.exists():
@@ -175,7 +177,7 @@ def open_entries(cfg: TrainConfig, flag: str = "--train_data_dir") -> ImageEntri
         raise ConfigError("no data: give --train_data_dir (folder or .zip of images) or --dataset_name")
     if cfg.dataset_name.lower() in ("cifar10", "cifar-10"):
         return _cifar10_entries(cfg)
-    return _hub_entries(cfg)
+    return _hub_entries(cfg, dataset_flag)
 
 
 def _cifar10_entries(cfg: TrainConfig) -> ImageEntries:
@@ -200,13 +202,17 @@ def _cifar10_entries(cfg: TrainConfig) -> ImageEntries:
     return ArrayEntries(np.asarray(ds.data), f"CIFAR-10 train (torchvision, {root})")
 
 
-def _hub_entries(cfg: TrainConfig) -> ImageEntries:
+def _hub_entries(cfg: TrainConfig, flag: str) -> ImageEntries:
     try:
         import datasets
     except ImportError:  # pragma: no cover - declared dependency
-        raise ConfigError("--dataset_name needs the 'datasets' package") from None
+        raise ConfigError(f"{flag} needs the 'datasets' package") from None
     try:
-        ds = datasets.load_dataset(cfg.dataset_name, cfg.dataset_config_name, cache_dir=cfg.cache_dir, split="train")
+        with hub_wait(flag, cfg.dataset_name):
+            ds = datasets.load_dataset(cfg.dataset_name, cfg.dataset_config_name, cache_dir=cfg.cache_dir,
+                                       split="train")
+    except ConfigError:
+        raise
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"cannot load Hub dataset {cfg.dataset_name!r}: {msg}") from None

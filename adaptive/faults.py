@@ -4,7 +4,8 @@ Exit status of train_accelerate.py: 0 done or stopped by a signal / the budget (
 (nothing touched), 3 the final Hub upload failed (adaptive/hub.py), 4 training diverged (a non-finite loss, gradient
 norm or weights; nothing saved from them), 5 the disk is full (the partial write removed, the previous checkpoint
 intact), 6 this rank lost a peer (it ended, or stopped for longer than --ddp_timeout_minutes), 7 a launch that did not
-form one process group. Every rank raises the same fault at the same point (`agree`), and only the launcher's rank 0
+form one process group; 128 + the signal number: stopped during a Hub download (adaptive/hub_wait.py), nothing
+written. Every rank raises the same fault at the same point (`agree`), and only the launcher's rank 0
 prints it; a lost peer is reported by the rank that saw it.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import sys
 from contextlib import contextmanager
@@ -43,6 +45,14 @@ class PeerLost(ConfigError):
     """A collective failed because another rank ended or stopped responding."""
 
     exit_code = 6
+
+
+class Interrupted(ConfigError):
+    """A stop signal during a wait that has nothing to checkpoint (a Hub download): exit 128 + the signal number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
 
 
 def run_cli(prog: str, body: Callable[[], int]) -> int:
@@ -92,6 +102,20 @@ def lost_peer(exc: BaseException) -> Optional[PeerLost]:
     else:
         return None
     return PeerLost(f"rank {dist.get_rank()}: {what}; rerun the same command with --resume_from_checkpoint latest")
+
+
+def out_of_memory(exc: BaseException) -> Optional[ConfigError]:
+    """The one-line ConfigError (exit 2: a setting too large for this machine) for an allocation that failed - CPU or
+    GPU, in torch or in Python - or None for anything else."""
+    for e in _chain(exc):
+        text = str(e)
+        if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in text \
+                or "CUDA out of memory" in text:
+            asked = re.search(r"tried to allocate [0-9.]+ ?[A-Za-z]+", text)
+            return ConfigError(f"out of memory{f' ({asked.group(0)})' if asked else ''}: lower --train_batch_size "
+                               "(--gradient_accumulation_steps keeps the global batch) or --resolution; the "
+                               "checkpoints are intact")
+    return None
 
 
 # How a full disk surfaces: errno from Python's own writes, the message from safetensors (Rust), and torch.save's

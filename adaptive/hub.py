@@ -4,16 +4,16 @@ One `HubUploader` per run, on the main process only. `open_repo()` runs before t
 (`whoami`) and creates the repo (`create_repo(..., private=..., exist_ok=True)`), so a missing login, a bad token or a
 repo the token cannot write is a one-line `ConfigError` before the first step. `push(output_dir, message)` returns at
 once; a single daemon worker thread commits the files `commit_files` selects (`HfApi.create_commit`, one commit per
-push; JSON files that hold local paths go up as redacted copies). Requests made while an upload is running are coalesced: only the newest
-one is kept. Failures are logged and retried with backoff; nothing is ever raised into the training loop.
-`close(timeout)` waits a bounded time; `not_uploaded()` then says what did not reach the Hub.
+push; JSON files that hold local paths go up as redacted copies). Requests made while an upload is running are
+coalesced: only the newest one is kept. Failures are logged and retried with backoff; nothing is ever raised into the
+training loop. `close(timeout)` waits a bounded time; `not_uploaded()` then says what did not reach the Hub. A run
+gets its uploader from `connect_hub` (before setup) and waits for it with `finish_uploads` (at the end).
 
 Timeouts and retries: huggingface_hub retries transient HTTP errors and timeouts of the preupload call and of LFS/Xet
 transfers itself (`http_backoff`: up to 5 retries, 1-8 s apart), but not the commit POST of `create_commit` (a lost
 answer could duplicate the commit) nor create_repo; the retry loop here covers those and errors that outlast the
-library's backoff. The library has no timeout for its upload calls (one shared httpx client, created with
-timeout=None; HF_HUB_DOWNLOAD_TIMEOUT and HF_HUB_ETAG_TIMEOUT cover downloads only), so the uploader gives that client
-one through the library's hook for client settings, `set_client_factory` (`use_request_timeout`).
+library's backoff. The library has no timeout for its upload calls, so the uploader gives its shared client one
+(`hub_wait.use_request_timeout`: REQUEST_TIMEOUT_S per request).
 
 The token is never written anywhere: it is only handed to `HfApi`, and every message this module logs is scrubbed
 of it (and of anything that looks like a Hub token or a bearer credential).
@@ -23,20 +23,21 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from .config import ConfigError
+from .config import ConfigError, TrainConfig
+from .hub_wait import REQUEST_TIMEOUT_S, use_request_timeout
+from .rundir import hub_patterns, public_bytes, rerun_command
 
-__all__ = ["EXIT_UPLOAD_FAILED", "find_token", "resolve_token", "upload_patterns", "commit_files", "HubUploader"]
+__all__ = ["EXIT_UPLOAD_FAILED", "find_token", "resolve_token", "upload_patterns", "commit_files", "HubUploader",
+           "connect_hub", "finish_uploads"]
 
 # Exit status of a run that trained and saved everything locally but whose final upload did not reach the Hub.
 EXIT_UPLOAD_FAILED = 3
-
-REQUEST_TIMEOUT_S = 60.0  # per connect / read / write of one HTTP request (not per call): a silent server fails it
-_CONNECT_TIMEOUT_S = 10.0
 
 _CHECKPOINT_PATTERN = "checkpoint-*/**"
 # Never published. huggingface_hub matches with fnmatch, where `*` also crosses `/`, so "*.tmp" covers every level
@@ -83,8 +84,6 @@ def resolve_token(cli_token: Optional[str]) -> Optional[str]:
 def upload_patterns(push_checkpoints: bool) -> tuple[list[str], list[str]]:
     """(allow_patterns, ignore_patterns) in huggingface_hub's `filter_repo_objects` syntax for a run folder. Fresh
     lists on every call."""
-    from .rundir import hub_patterns
-
     allow = hub_patterns()  # the DDPMPipeline export, its model card and the images it shows
     ignore = list(_NEVER_PATTERNS)
     if push_checkpoints:
@@ -99,8 +98,6 @@ def commit_files(folder: Path, push_checkpoints: bool) -> dict[str, object]:
     (`rundir.public_bytes`: the run's config.json files keep their local paths for resuming; the Hub gets them
     without)."""
     from huggingface_hub.utils import filter_repo_objects
-
-    from .rundir import public_bytes
 
     folder = Path(folder).resolve()
     if not folder.is_dir():
@@ -136,37 +133,6 @@ def _is_permanent(exc: BaseException) -> bool:
 
 def _status(exc: BaseException) -> Optional[int]:
     return getattr(getattr(exc, "response", None), "status_code", None)
-
-
-# ------------------------------------------------------------------------------------------------ request timeouts
-
-_timeout_s: Optional[float] = None
-
-
-def _client_with_timeout():
-    """huggingface_hub's default client, with a timeout."""
-    from huggingface_hub.utils._http import default_client_factory
-
-    client = default_client_factory()
-    client.timeout = type(client.timeout)(_timeout_s, connect=min(_CONNECT_TIMEOUT_S, _timeout_s))
-    return client
-
-
-def use_request_timeout(seconds: float) -> bool:
-    """Give every request huggingface_hub makes in this process a timeout of `seconds` (per connect / read / write),
-    through `set_client_factory`. A client factory installed by someone else is left alone (returns False)."""
-    global _timeout_s
-    try:
-        from huggingface_hub import set_client_factory
-        from huggingface_hub.utils import _http  # private module: which factory is installed now
-    except ImportError:  # pragma: no cover - huggingface_hub < 1.0
-        return False
-    if _http._GLOBAL_CLIENT_FACTORY not in (_http.default_client_factory, _client_with_timeout):
-        return False
-    if _http._GLOBAL_CLIENT_FACTORY is not _client_with_timeout or _timeout_s != seconds:
-        _timeout_s = float(seconds)
-        set_client_factory(_client_with_timeout)  # closes the shared client; the next request builds one
-    return True
 
 
 # ------------------------------------------------------------------------------------------------ the uploader
@@ -428,3 +394,40 @@ class HubUploader:
             self._log_fn(self._scrub(message))
         except Exception:  # a broken logger must not kill the worker
             pass
+
+
+# ------------------------------------------------------------------------------------------------ a run's uploads
+
+
+def connect_hub(cfg: TrainConfig, log):
+    """With --push_to_hub, on the launcher's rank 0 (before the process group exists): resolve the token, check it and
+    create the repo now, so that a missing login, a bad token or a repo it cannot write is a one-line error before the
+    first step. Returns (HubUploader, None), or (None, the error) - `setup` raises it on every rank - and (None, None)
+    on the other ranks or without --push_to_hub."""
+    if not cfg.push_to_hub or int(os.environ.get("RANK", "0")) != 0:
+        return None, None
+    token, source = find_token(cfg.hub_token)
+    repo_id = cfg.hub_model_id or Path(cfg.output_dir).resolve().name
+    try:
+        uploader = HubUploader(repo_id, token, private=cfg.hub_private_repo, push_checkpoints=cfg.push_checkpoints,
+                               log=log, token_source=source)
+        uploader.open_repo()
+    except ConfigError as e:
+        return None, str(e)
+    log(f"hub: pushing to {uploader.repo_id} ({'private' if cfg.hub_private_repo else 'public'}; token from {source})")
+    return uploader, None
+
+
+def finish_uploads(uploader, cfg: TrainConfig, log, timeout: float) -> bool:
+    """Wait at most `timeout` s for the uploads. True when the newest export is on the Hub (or nothing is uploaded);
+    otherwise say what was not uploaded, that the run is complete locally, and the command that retries the upload."""
+    if uploader is None:
+        return True
+    log(f"hub: waiting for the upload to {uploader.repo_id} (at most {timeout:g} s, --hub_upload_timeout)")
+    uploader.close(timeout=timeout)
+    missing = uploader.not_uploaded()
+    if missing is None:
+        return True
+    log(f"hub: NOT uploaded to {uploader.repo_id}: {missing}. Everything is kept in {Path(cfg.output_dir).resolve()}. "
+        f"To retry the upload, run: {rerun_command(sys.argv)}")
+    return False

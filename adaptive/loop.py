@@ -21,8 +21,9 @@ from .data import Layout, open_entries
 from .faults import Diverged, writing
 from .image_sampler import generate_distributed, save_grid
 from .losses import per_sample_mse, q_sample, training_target
-from .rundir import (artifact, check_output_dir, connect_hub, discard_aside, export_pipeline, finished_run,
-                     fresh_start_line)
+from .export import export_pipeline, finished_run
+from .hub import connect_hub
+from .rundir import artifact, check_output_dir, discard_aside, fresh_start_line
 from .seeding import generator, seed_for
 from .session import (RANGE_FACTOR, Session, end, main_process_logger, nothing_to_train, restore_replaced_run,
                       start_session)
@@ -193,7 +194,7 @@ def train_steps(run: Run, session: Session, sampling_unet) -> None:
 
 
 def finished_checkpoint(cfg: TrainConfig, resume_from: Optional[Path], num_images: int):
-    """(progress, why) when the checkpoint to resume from ends a finished run (`rundir.finished_run`), read from its
+    """(progress, why) when the checkpoint to resume from ends a finished run (`export.finished_run`), read from its
     files before anything is built; else None."""
     if resume_from is None:
         return None

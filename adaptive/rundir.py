@@ -1,12 +1,14 @@
-"""The run folder (`--output_dir`): what is in it, when it may be written or cleared, provenance, export, Hub wiring.
+"""The run folder (`--output_dir`): what is in it, when it may be written or cleared, and the run's provenance.
 
 ARTIFACTS is the one table of what a run writes there; everything else (clearing with --overwrite_output_dir, what the
 Hub receives, what marks a folder as holding a run) is derived from it. Checkpoint folders have their own layout
-(adaptive/checkpoint.py).
+(adaptive/checkpoint.py); writing the pipeline is adaptive/export.py, reading one back adaptive/pipelines.py, the Hub
+adaptive/hub.py.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -14,15 +16,17 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, describe_changes, find_latest, incompatible_keys,
-                         list_checkpoints, resolve_resume, rotate)
+from .checkpoint import (changed_keys, checkpoint_step, describe_changes, incompatible_keys, list_checkpoints,
+                         resolve_resume, rotate)
 from .config import SECRET_FIELDS, ConfigError, TrainConfig
 from .faults import check_output_path, writing
+from .model_card import redact_paths
 
 # name -> (path in output_dir, uploaded to the Hub, marks a run).  The logs folder is --logging_dir.
 ARTIFACTS: dict[str, tuple[str, bool, bool]] = {
@@ -39,6 +43,7 @@ ARTIFACTS: dict[str, tuple[str, bool, bool]] = {
     "ema_snapshots": ("ema_snapshots", False, False),  # post-hoc EMA snapshots
     "lock": (".lock", False, False),  # flock'ed by the training process for its lifetime; empty, never cleared
 }
+EXPORT_TMP, EXPORT_OLD = ".export.tmp", ".export.old"  # an export being written; the one it replaces, being swapped
 
 
 def artifact(out: Path, name: str) -> Path:
@@ -61,8 +66,6 @@ def public_bytes(out: Path, rel: str) -> Optional[bytes]:
     """The published content of the run file `out/rel` where it differs from the local one: a JSON file holding local
     paths (the run's config.json, each checkpoint's - resuming reads their paths, so they stay in the local files) goes
     up with them redacted (`model_card.redact_paths`). None: the file goes up as it is."""
-    from .model_card import redact_paths
-
     if not rel.endswith(".json"):
         return None
     try:
@@ -142,8 +145,6 @@ def lock_output_dir(out: Path, log):
     """An exclusive lock on the run folder for this process's lifetime (main process; returns the open lock file to
     keep). A second training process on the folder gets a one-line error naming the holder's PID; the OS releases
     the lock when the holder ends, however it ends, so a crash never leaves a stale lock."""
-    import fcntl
-
     path = artifact(out, "lock")
     handle = open(path, "a")  # only a handle: the file is never written
     try:
@@ -247,8 +248,6 @@ def resolve_aside(out: Path, log) -> None:
     """At the start: a run left aside by an --overwrite_output_dir run that ended (was killed) before its first
     checkpoint is put back; one left aside by a run that got its checkpoint is deleted. The launcher's rank 0 does it
     under the folder's lock; the other ranks wait for it (at most a minute)."""
-    import time
-
     if not ((out / ASIDE).is_dir() or (out / ASIDE_PARTIAL).is_dir()):
         return
     if int(os.environ.get("RANK", "0")) != 0:
@@ -409,178 +408,7 @@ def git_commit() -> Optional[str]:
         return None
 
 
-# ------------------------------------------------------------------------------------------------ export, Hub
-
-
-EXPORT_TMP, EXPORT_OLD = ".export.tmp", ".export.old"  # an export being written; the one it replaces, being swapped
-
-
-def export_pipeline(cfg: TrainConfig, unet, noise_scheduler, progress, info: dict,
-                    metrics: Optional[dict] = None) -> None:
-    """DDPMPipeline(unet=EMA U-Net, scheduler).save_pretrained(output_dir) in safetensors, with a model card
-    (main process only). Written into .export.tmp/ and swapped into place with the signals held (milliseconds), so an
-    export interrupted at any point (a second Ctrl-C, a full disk) leaves the previous export whole."""
-    from diffusers import DDPMPipeline
-
-    from .model_card import build_model_card
-
-    out = Path(cfg.output_dir)
-    tmp = out / EXPORT_TMP
-    with writing(f"the pipeline of step {progress.step}", out, "checkpoints are unaffected"):
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            DDPMPipeline(unet=unet, scheduler=noise_scheduler).save_pretrained(tmp, safe_serialization=True)
-            build_model_card(out, cfg, progress, info, metrics, info.get("hub_repo_id")).save(tmp / "README.md")
-            # Written last: the export at this step is complete (a rerun of a finished run then has nothing to do).
-            (tmp / ARTIFACTS["export_record"][0]).write_text(json.dumps({"step": progress.step, "metrics": metrics},
-                                                                        indent=2))
-            swap_in(out, tmp)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def swap_in(out: Path, tmp: Path) -> None:
-    """Move every entry of `tmp` into `out`, replacing what is there, with the stop signals held until done."""
-    import signal
-
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1}
-    old = out / EXPORT_OLD
-    shutil.rmtree(old, ignore_errors=True)
-    old.mkdir()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        for entry in sorted(tmp.iterdir(), key=lambda p: p.name == ARTIFACTS["export_record"][0]):  # the record last
-            if (out / entry.name).exists():
-                os.rename(out / entry.name, old / entry.name)
-            os.rename(entry, out / entry.name)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def card_for_repo(cfg: TrainConfig, progress, repo_id: str) -> None:
-    """Rewrite the exported pipeline's model card so that its snippet loads `repo_id`: a finished run uploaded by a
-    rerun with --push_to_hub was exported with its local path in the card (main process)."""
-    from .model_card import write_model_card
-
-    out = Path(cfg.output_dir)
-    info = json.loads(artifact(out, "run_info").read_text())
-    metrics = json.loads(artifact(out, "export_record").read_text()).get("metrics")
-    grids = sorted(artifact(out, "samples").glob("grid_*.png"))
-    with writing("the model card", out):
-        write_model_card(out, cfg, progress, {**info, "grid": grids[-1] if grids else None}, metrics, repo_id)
-
-
-def finished_run(cfg: TrainConfig, progress, max_steps: int) -> Optional[str]:
-    """Why a resumed run has nothing left to do (its step or wall-clock budget is used up and the pipeline of that
-    step was exported), or None."""
-    if progress.step >= max_steps:
-        why = f"step {progress.step} of --max_train_steps {max_steps} reached"
-    elif cfg.max_train_minutes and progress.train_seconds >= 60 * cfg.max_train_minutes:
-        why = f"--max_train_minutes budget of {cfg.max_train_minutes:g} min spent at step {progress.step}"
-    else:
-        return None
-    try:
-        exported = json.loads(artifact(Path(cfg.output_dir), "export_record").read_text())["step"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return why if exported == progress.step else None
-
-
-def looks_local(model_path: str) -> bool:
-    """A path that cannot be a Hub id ('owner/name'): absolute, ./ ../ ~, more than one '/', or one whose
-    first part is a local folder (runs/x) - such a path that does not exist is 'not found', with no Hub round trip."""
-    parts = model_path.split("/")
-    return (model_path.startswith(("/", ".", "~")) or len(parts) > 2 or not all(parts)
-            or Path(parts[0]).expanduser().is_dir())
-
-
-def load_pipeline(model_path: str, weights: str = "ema", log=print):
-    """A DDPMPipeline from anything a run leaves: an exported run folder, a checkpoint-<step> folder, a run folder
-    without an export (its newest valid checkpoint, named in the log), or a Hub id. weights 'ema' (the exported /
-    EMA U-Net) or 'raw' (the training weights of a checkpoint)."""
-    from diffusers import DDPMPipeline
-
-    p = Path(model_path).expanduser()
-    if p.is_dir():
-        exported = artifact(p, "model_index").is_file()
-        if not (exported and weights == "ema"):
-            ckpt = p if checkpoint_step(p) is not None or (p / MANIFEST).is_file() else find_latest(p, log)
-            if ckpt is None:
-                raise ConfigError(f"{p} holds no exported pipeline and no valid checkpoint-<step> folder")
-            if ckpt != p:
-                log(f"{p} has {'no export' if not exported else 'an export of the EMA weights only'}: using "
-                    f"{ckpt.name}, its newest valid checkpoint")
-            return pipeline_from_checkpoint(ckpt, weights)
-    elif looks_local(model_path):
-        raise ConfigError(f"--model_path {model_path}: not found (no such folder; a Hub id is 'owner/name')")
-    elif weights != "ema":
-        raise ConfigError(f"--weights {weights} needs a local run or checkpoint folder, not {model_path!r}")
-    try:
-        return DDPMPipeline.from_pretrained(model_path)
-    except Exception as e:  # diffusers/huggingface_hub raise many types (OSError, EnvironmentError, HTTP errors)
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"cannot load a DDPMPipeline from {model_path!r}: {msg}") from None
-
-
-def pipeline_from_checkpoint(ckpt: Path, weights: str = "ema"):
-    """DDPMPipeline(U-Net with the checkpoint's EMA or training weights, the run's noise schedule)."""
-    from diffusers import DDPMPipeline
-    from safetensors.torch import load_file
-
-    from .checkpoint import MODEL_FILE, load_ema_weights, read_config, verify_checkpoint
-    from .model import build_noise_scheduler, build_unet
-
-    reason = verify_checkpoint(ckpt)
-    if reason is not None:
-        raise ConfigError(f"{ckpt} is not a valid checkpoint: {reason}")
-    cfg = TrainConfig.from_dict({k: v for k, v in read_config(ckpt).items() if k in TrainConfig.__dataclass_fields__})
-    if weights == "ema" and not cfg.use_ema:
-        raise ConfigError(f"{ckpt} was trained without EMA; use --weights raw")
-    unet = build_unet(cfg)
-    state = load_ema_weights(ckpt) if weights == "ema" else load_file(str(ckpt / MODEL_FILE))
-    unet.load_state_dict(state)
-    return DDPMPipeline(unet=unet.eval(), scheduler=build_noise_scheduler(cfg))
-
-
-def connect_hub(cfg: TrainConfig, log):
-    """With --push_to_hub, on the launcher's rank 0 (before the process group exists): resolve the token, check it and
-    create the repo now, so that a missing login, a bad token or a repo it cannot write is a one-line error before the
-    first step. Returns (HubUploader, None), or (None, the error) - `setup` raises it on every rank - and (None, None)
-    on the other ranks or without --push_to_hub."""
-    from .hub import HubUploader, find_token
-
-    if not cfg.push_to_hub or int(os.environ.get("RANK", "0")) != 0:
-        return None, None
-    token, source = find_token(cfg.hub_token)
-    repo_id = cfg.hub_model_id or Path(cfg.output_dir).resolve().name
-    try:
-        uploader = HubUploader(repo_id, token, private=cfg.hub_private_repo, push_checkpoints=cfg.push_checkpoints,
-                               log=log, token_source=source)
-        uploader.open_repo()
-    except ConfigError as e:
-        return None, str(e)
-    log(f"hub: pushing to {uploader.repo_id} ({'private' if cfg.hub_private_repo else 'public'}; token from {source})")
-    return uploader, None
-
-
-def finish_uploads(uploader, cfg: TrainConfig, log, timeout: float) -> bool:
-    """Wait at most `timeout` s for the uploads. True when the newest export is on the Hub (or nothing is uploaded);
-    otherwise say what was not uploaded, that the run is complete locally, and the command that retries the upload."""
-    if uploader is None:
-        return True
-    log(f"hub: waiting for the upload to {uploader.repo_id} (at most {timeout:g} s, --hub_upload_timeout)")
-    uploader.close(timeout=timeout)
-    missing = uploader.not_uploaded()
-    if missing is None:
-        return True
-    log(f"hub: NOT uploaded to {uploader.repo_id}: {missing}. Everything is kept in {Path(cfg.output_dir).resolve()}. "
-        f"To retry the upload, run: {rerun_command(sys.argv)}")
-    return False
-
-
-__all__ = ["ARTIFACTS", "artifact", "card_for_repo", "check_output_dir", "connect_hub", "discard_aside",
-           "export_pipeline", "finish_uploads", "finished_run", "fresh_start_line", "git_commit", "hub_patterns",
-           "load_pipeline", "lock_output_dir", "pipeline_from_checkpoint", "prepare_for_training", "public_bytes",
-           "resolve_aside", "restore_aside", "run_files", "rerun_command", "run_holds_training",
-           "run_info", "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]
+__all__ = ["ARTIFACTS", "EXPORT_OLD", "EXPORT_TMP", "artifact", "check_output_dir", "discard_aside",
+           "fresh_start_line", "git_commit", "hub_patterns", "lock_output_dir", "prepare_for_training", "public_bytes",
+           "resolve_aside", "restore_aside", "run_files", "rerun_command", "run_holds_training", "run_info",
+           "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]

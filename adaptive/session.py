@@ -17,17 +17,16 @@ import numpy as np
 from .build import Run, cpu_has_native_bf16
 from .config import TrainConfig
 from .control import StopControl
+from .evaluation import InTrainingEvaluator
+from .export import card_for_repo
+from .hub import HubUploader, finish_uploads
 from .model import count_parameters
-from .rundir import (artifact, card_for_repo, finish_uploads, lock_output_dir, prepare_for_training, restore_aside,
-                     run_info, write_run_records)
+from .rundir import artifact, lock_output_dir, prepare_for_training, restore_aside, run_info, write_run_records
 from .stats import JsonlWriter, tracker_config
 from .timesteps.report import TimestepReport
 
-if TYPE_CHECKING:  # for the annotations only; the code imports them where it uses them
+if TYPE_CHECKING:  # for the annotations only; the code imports it where it uses it
     from tqdm.auto import tqdm
-
-    from .evaluation import InTrainingEvaluator
-    from .hub import HubUploader
 
 
 # The loss "leaves its running range" at a log step whose mean loss is over RANGE_FACTOR x the median of the previous
@@ -134,15 +133,13 @@ def nothing_to_train(cfg: TrainConfig, progress, why: str, log, uploader=None) -
 def start_session(run: Run, resume_from: Optional[Path], log, control: StopControl, uploader=None) -> Session:
     """Evaluator (the last check that can fail on bad input), then - nothing written before - the replaced run
     cleared, run records, stats file (rewound to the resumed step), trackers, stop control, bar; keeps the Hub
-    uploader (main process, repo already checked by `rundir.connect_hub`)."""
+    uploader (main process, repo already checked by `hub.connect_hub`)."""
     from tqdm.auto import tqdm
 
     cfg, acc, progress = run.cfg, run.accelerator, run.progress
     out, is_main = Path(cfg.output_dir), acc.is_main_process
     evaluator = None
     if cfg.eval_steps or cfg.eval_at_steps:
-        from .evaluation import InTrainingEvaluator
-
         evaluator = InTrainingEvaluator(cfg, acc, run.data.images, log)
     if is_main:
         prepare_for_training(cfg, resume_from, log)  # a replaced run moved aside (put back if this run ends before its

@@ -430,24 +430,34 @@ def test_library_equivalence_quick_mode_measures_every_pair(tmp_path):
 
 
 def test_fault_drill_counts_faults_and_writes_the_table():
-    from fault_drill import readme, summarize
+    from drill.report import readme, summarize
 
-    def rec(fault, survived=True, lost=False, hung=False, tracebacks=0, **kw):
-        return {"fault": fault, "detail": kw.pop("detail", "x"), "survived": survived, "data_lost": lost,
-                "hung": hung, "tracebacks": tracebacks, **kw}
+    def rec(category, clean=True, lost=False, hung=False, tracebacks=0, **kw):
+        return {"category": category, "case": kw.pop("case", "x"), "clean": clean, "lost": lost, "hung": hung,
+                "tracebacks": tracebacks, **kw}
 
-    records = [rec("SIGKILL"), rec("SIGKILL", survived=False, lost=True), rec("corrupt newest checkpoint"),
-               rec("NaN loss", message="train_accelerate.py: error: training diverged: ..."),
-               rec("disk full", hung=True, tracebacks=2),
-               rec("silent Hub endpoint", survived=None, skipped=True, detail="no --hub_upload_timeout")]
+    records = [rec("SIGKILL + resume"), rec("SIGKILL + resume", clean=False, lost=True), rec("corrupt checkpoint"),
+               rec("divergence", message="train_accelerate.py: error: training diverged: ..."),
+               rec("disk full", clean=False, hung=True, tracebacks=2),
+               rec("disk full", clean=False, skipped=True, case="no tmpfs")]
     s = summarize(records)
-    assert (s["faults_injected"], s["survived"], s["survived_bit_identical_resume"], s["resume_faults"]) == (5, 4, 2, 3)
-    assert (s["data_lost"], s["hangs"], s["tracebacks"], s["skipped"]) == (1, 1, 2, ["silent Hub endpoint"])
+    assert s["total"] == {"tried": 5, "clean": 3, "lost": 1, "tracebacks": 2, "hangs": 1}
+    assert s["categories"]["SIGKILL + resume"] == {"tried": 2, "clean": 1, "lost": 1, "tracebacks": 0, "hangs": 0}
+    assert list(s["categories"]) == ["SIGKILL + resume", "corrupt checkpoint", "divergence", "disk full"]
+    assert s["skipped"] == ["disk full: no tmpfs"]
     meta = {"date": "2026-12-01", "command": "python benchmarks/fault_drill.py", "commit": "abc", "torch": "2",
             "seconds": 60.0, "load_start": "1.0/1.0/1.0", "load_end": "1.0/1.0/1.0"}
     text = readme(meta, records, s)
-    assert "| 5 | 2 / 3 | 2 / 2 | 1 | 1 | 2 |" in text
-    assert "Skipped: silent Hub endpoint - no --hub_upload_timeout." in text and "training diverged" in text
+    assert "| SIGKILL + resume | 2 | 1 | 1 | 0 | 0 |" in text and "| **total** | 5 | 3 | 1 | 2 | 1 |" in text
+    assert "Skipped: disk full: no tmpfs." in text and "training diverged" in text
+
+
+def test_the_drill_counts_a_rank_s_traceback_but_not_the_launcher_s_report():
+    from drill.harness import tracebacks
+
+    rank = "Traceback (most recent call last):\n  File x\nRuntimeError: boom\n"
+    launcher = "Traceback (most recent call last):\n  File y\ntorch.distributed.elastic...ChildFailedError:\n"
+    assert tracebacks(rank + launcher) == 1 and tracebacks(launcher) == 0 and tracebacks("fine") == 0
 
 
 def test_grad_norms_summarises_each_phase_and_how_often_the_clip_binds(tmp_path, capsys):

@@ -21,7 +21,7 @@ from adaptive.checkpoint import MANIFEST, list_checkpoints, load_ema_weights, ve
 from adaptive.config import ConfigError, resolve_config
 from adaptive.rundir import lock_output_dir, run_secrets, scrubbed_command
 
-from conftest import ACCELERATE, ROOT, run_cli, tiny_args
+from conftest import ACCELERATE, ROOT, run_cli, tiny_args, write_pooled_features
 
 SECRET, ENV_SECRET = "hf_FaultsTestSecretToken0123456789", "hf_FaultsTestEnvToken9876543210"
 
@@ -585,6 +585,116 @@ def test_30_10_sighup_stops_like_sigterm_with_a_checkpoint(tmp_path, image_folde
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     assert "received SIGHUP" in out and (run / "checkpoint-1").is_dir()
+
+
+def test_30_3_an_allocation_failure_is_one_line_exit_2(capsys, monkeypatch):
+    """Issue 30, finding 3 (the drill's --train_batch_size 40000000): after the old run was put back, the allocation
+    failure itself still ended in a traceback (exit 1)."""
+    import adaptive.loop
+
+    def oom(cfg, control):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 122880000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(adaptive.loop, "train", oom)
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", "runs/never-written"], capsys)
+    assert code == 2, err
+    line = one_line_error(err, 2, "out of memory (tried to allocate 122880000000 bytes): lower --train_batch_size")
+    assert "Traceback" not in err and line.startswith("train_accelerate.py: error: ")
+
+
+# ---------------------------------------------------------------------------------------------- issue 30: Hub waits
+
+
+class SilentHub:
+    """A Hub endpoint on the loopback address that accepts connections and never answers; `connected` is set at the
+    first connection (a Hub wait has begun)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.connected, self.held = threading.Event(), []
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            self.held.append(conn)
+            self.connected.set()
+
+    def close(self):
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def silent_hub():
+    hub = SilentHub()
+    yield hub
+    hub.close()
+
+
+def hub_path(tmp_path: Path, image_folder: Path, path: str) -> tuple[str, list[str]]:
+    """(script, arguments) of a command that waits on the Hub for `path`: the pipeline, the data, the reference."""
+    if path == "sample --model_path":
+        return "sample.py", ["--model_path", "someone/ddpm", "--output_dir", str(tmp_path / "samples"),
+                             "--num_images", "1"]
+    if path == "train --dataset_name":
+        return "train_accelerate.py", tiny_args(image_folder, tmp_path / "run", "--train_data_dir", "none",
+                                                "--dataset_name", "someone/data")
+    feat = write_pooled_features(tmp_path / "feat.pt")
+    return "evaluate_fid.py", ["--make_ref", "--ref_dataset", "someone/data", "--feature_extractor", str(feat)]
+
+
+def start_against(hub: SilentHub, tmp_path: Path, script: str, args: list[str]) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, script, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stderr_when_done(proc: subprocess.Popen) -> tuple[float, str]:
+    """(seconds until the command said its last word on stderr, all of stderr) once it has exited. The exit itself
+    can take longer: the interpreter's teardown after torch + datasets, 15-20 s on a loaded 2-core machine."""
+    t0, last, lines = time.monotonic(), None, []
+    for line in proc.stderr:
+        lines.append(line)
+        last = time.monotonic() - t0
+    proc.wait(timeout=120)
+    return (last if last is not None else time.monotonic() - t0), "".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["sample --model_path", "train --dataset_name", "evaluate_fid --ref_dataset"])
+def test_30_7_a_hub_that_never_answers_is_one_line_and_exit_2_within_seconds(silent_hub, tmp_path, image_folder,
+                                                                             path):
+    """Issue 30, finding 7: the pipeline, the data and the reference against a Hub that accepts and never answers
+    (before: no end after 900 s, exit 2 after ~400 s)."""
+    flag, repo = path.split()[1], "someone/ddpm" if path.startswith("sample") else "someone/data"
+    proc = start_against(silent_hub, tmp_path, *hub_path(tmp_path, image_folder, path))
+    assert silent_hub.connected.wait(300), "the command never asked the Hub"
+    waited, err = stderr_when_done(proc)
+    line = one_line_error(err, 2, f"{flag} {repo}: no answer from the Hub at {silent_hub.url} within 10 s")
+    assert waited < 30, (waited, line)  # the 10 s wait for a first answer, and the line
+
+
+@pytest.mark.slow
+def test_30_7_a_sigterm_during_a_hub_wait_stops_at_once(silent_hub, tmp_path, image_folder):
+    """Issue 30, finding 7: a SIGTERM while the data is awaited from a silent Hub (before: held for minutes)."""
+    proc = start_against(silent_hub, tmp_path, *hub_path(tmp_path, image_folder, "train --dataset_name"))
+    assert silent_hub.connected.wait(300), "the command never asked the Hub"
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    waited, err = stderr_when_done(proc)
+    one_line_error(err, 128 + signal.SIGTERM, "stopped by SIGTERM while waiting for --dataset_name someone/data")
+    assert waited < 5 and not (tmp_path / "run").exists(), waited
 
 
 # ---------------------------------------------------------------------------------------------- leaks

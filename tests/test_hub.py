@@ -422,6 +422,21 @@ def test_the_request_timeout_reaches_huggingface_hubs_client(hub):
     assert huggingface_hub.get_session().timeout.read == 60.0
 
 
+def test_30_7_a_request_sent_without_a_timeout_gets_the_clients(hub):
+    """model_info(timeout=None) - DDPMPipeline.from_pretrained's first call - waited forever against a silent Hub."""
+    from huggingface_hub import HfApi
+
+    from adaptive.hub_wait import use_request_timeout
+
+    hub.repos[REPO] = {"private": False, "authorization": None}
+    hub.hang = {"repo_info"}
+    assert use_request_timeout(0.5)
+    t0 = time.perf_counter()
+    with pytest.raises(Exception) as e:
+        HfApi(endpoint=hub.endpoint).model_info(REPO, timeout=None)
+    assert time.perf_counter() - t0 < 5 and "Timeout" in type(e.value).__name__, e.value
+
+
 # ---------------------------------------------------------------------------------------------- early check (issue 16.7)
 
 
@@ -611,7 +626,7 @@ def test_rerun_command_resumes_latest_keeps_the_flags_and_hides_the_token(monkey
 def test_finish_uploads_says_what_is_missing_and_how_to_retry(hub, run_folder, no_library_retries, monkeypatch):
     from types import SimpleNamespace
 
-    from adaptive.rundir import finish_uploads
+    from adaptive.hub import finish_uploads
 
     monkeypatch.setattr("sys.argv", ["train_accelerate.py", "--output_dir", str(run_folder), "--push_to_hub"])
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)

@@ -1,5 +1,6 @@
 """The import graph of adaptive/ has no cycle: every `import` of the package's own modules (function-local ones
-too; `if TYPE_CHECKING:` blocks excluded, they never run), read from the source."""
+too; `if TYPE_CHECKING:` blocks excluded, they never run), read from the source. And no import of the project's own
+modules hides inside a function (adaptive/ and the four CLIs) without a comment on its line saying why."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGE = ROOT / "adaptive"
-# hub.py and rundir.py import each other inside functions (hub's card upload reads rundir's run records; rundir
-# connects the Hub): breaking it moves export and pipeline loading out of rundir.py (issue 28, not done yet).
-KNOWN_CYCLES = [{"adaptive.hub", "adaptive.rundir"}]
+CLIS = ("train_accelerate.py", "sample.py", "evaluate_fid.py", "reconstruct_ema.py")
 
 
 def module_name(path: Path) -> str:
@@ -78,10 +77,36 @@ def test_the_package_has_no_import_cycle():
     paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {name: imports(path, set(paths)) for name, path in paths.items()}
     assert "adaptive.config" in graph and "adaptive.timesteps.registry" in graph["adaptive.config"]  # reads lazy ones
-    found = [c for c in cycles(graph) if c not in KNOWN_CYCLES]
+    found = cycles(graph)
     assert not found, f"import cycles: {found}"
 
 
 def test_the_cycle_finder_finds_cycles():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def hidden_imports(path: Path) -> list[int]:
+    """The line of each import of the project's own modules inside a function without a comment on its line."""
+    lines = path.read_text().splitlines()
+    found = []
+    for fn in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            own = (isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("adaptive"))) \
+                or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "adaptive" for a in node.names))
+            if own and "#" not in lines[node.lineno - 1]:
+                found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_no_function_local_import_of_the_project_without_a_reason():
+    files = sorted(PACKAGE.rglob("*.py")) + [ROOT / name for name in CLIS]
+    found = [f"{path.relative_to(ROOT)}:{line}" for path in files for line in hidden_imports(path)]
+    assert not found, f"function-local imports of the project's own modules without a one-line reason: {found}"
+
+
+def test_the_hidden_import_check_finds_one(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n    from .hub import x\n    from adaptive import y  # why\n")
+    assert hidden_imports(tmp_path / "m.py") == [2]

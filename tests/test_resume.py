@@ -373,7 +373,7 @@ def test_a_run_is_finished_only_once_its_last_step_is_exported(tmp_path):
     from types import SimpleNamespace
 
     from adaptive.checkpoint import Progress
-    from adaptive.rundir import finished_run
+    from adaptive.export import finished_run
 
     cfg = SimpleNamespace(output_dir=str(tmp_path), max_train_minutes=None)
     assert finished_run(cfg, Progress(step=10), 10) is None  # trained, never exported (killed during the export)

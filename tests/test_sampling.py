@@ -180,7 +180,7 @@ def test_sample_from_a_checkpoint_or_a_run_left_before_its_export(tmp_path, imag
     run_cli("sample.py", ["--model_path", str(run / "checkpoint-2"), "--weights", "raw", "--output_dir", str(raw),
                           "--num_images", "2", "--num_inference_steps", "3", "--mixed_precision", "no"])
     assert json.loads((raw / "sampling.json").read_text())["weights"] == "raw"
-    from adaptive.rundir import load_pipeline
+    from adaptive.pipelines import load_pipeline
 
     pipe = load_pipeline(str(run / "checkpoint-2"), "raw")
     weights = load_file(str(run / "checkpoint-2" / "model.safetensors"))
@@ -207,7 +207,7 @@ def test_sample_grids_are_enlarged_by_whole_pixels_to_at_least_256_px(tmp_path):
 def test_a_local_looking_model_path_that_does_not_exist_is_not_found_without_asking_the_hub(tmp_path, monkeypatch):
     """Issue 29.4: runs/nonexistent, ./x, /abs, a/b/c are "not found" at once; owner/name goes to the Hub."""
     from adaptive.config import ConfigError
-    from adaptive.rundir import load_pipeline, looks_local
+    from adaptive.pipelines import load_pipeline, looks_local
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
