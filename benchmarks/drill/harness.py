@@ -141,7 +141,8 @@ def mtime(path: Path) -> float:
 
 
 def newest_valid(run: Path) -> int:
-    from adaptive.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint
+    # torch only where a check reads a checkpoint
+    from adaptive.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint  # deferred: torch
 
     return max((checkpoint_step(p) for p in list_checkpoints(run) if verify_checkpoint(p, full=False) is None),
                default=0)
@@ -153,7 +154,7 @@ def state_digest(ckpt: Path) -> str:
     import torch
     from safetensors.torch import load_file
 
-    from adaptive.checkpoint import load_ema_weights, load_object_state
+    from adaptive.checkpoint import load_ema_weights, load_object_state  # torch only where a check reads one
 
     h = hashlib.sha256()
 

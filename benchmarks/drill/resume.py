@@ -71,7 +71,7 @@ CORRUPTIONS = ["flipped bytes in model.safetensors", "optimizer.bin truncated, m
 
 
 def corrupt(ckpt: Path, mode: str) -> None:
-    from adaptive.checkpoint import MANIFEST, checkpoint_step, write_manifest
+    from adaptive.checkpoint import MANIFEST, checkpoint_step, write_manifest  # torch only where a check reads one
 
     if mode == "flipped bytes in model.safetensors":
         p = ckpt / "model.safetensors"
@@ -134,7 +134,7 @@ def nan_drill(d: Drill) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from adaptive.checkpoint import list_checkpoints, load_ema_weights
+    from adaptive.checkpoint import list_checkpoints, load_ema_weights  # torch only where a check reads one
 
     run = d.work / "nan"
     shutil.rmtree(run, ignore_errors=True)

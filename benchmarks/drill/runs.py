@@ -108,7 +108,7 @@ def branch_drill(d: Drill, finished: Path) -> None:
 
 def blow_up_drill(d: Drill, finished: Path, reference_output: str) -> None:
     """A finite blow-up never rotates out the last checkpoint before it; a healthy run never trips the guard."""
-    from adaptive.checkpoint import verify_checkpoint
+    from adaptive.checkpoint import verify_checkpoint  # torch only where a check reads one
 
     run = d.work / "blow-up"
     shutil.rmtree(run, ignore_errors=True)
