@@ -23,6 +23,9 @@ from adaptive.rundir import lock_output_dir, run_secrets, scrubbed_command
 
 from conftest import ACCELERATE, ROOT, run_cli, tiny_args, write_pooled_features
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from drill.harness import SilentHub  # noqa: E402  (the never-answering Hub endpoint the drill uses too)
+
 SECRET, ENV_SECRET = "hf_FaultsTestSecretToken0123456789", "hf_FaultsTestEnvToken9876543210"
 
 
@@ -604,34 +607,6 @@ def test_30_3_an_allocation_failure_is_one_line_exit_2(capsys, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- issue 30: Hub waits
-
-
-class SilentHub:
-    """A Hub endpoint on the loopback address that accepts connections and never answers; `connected` is set at the
-    first connection (a Hub wait has begun)."""
-
-    def __init__(self):
-        import socket
-        import threading
-
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        self.connected, self.held = threading.Event(), []
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:  # closed
-                return
-            self.held.append(conn)
-            self.connected.set()
-
-    def close(self):
-        self.server.close()
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture
