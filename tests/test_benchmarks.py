@@ -595,6 +595,35 @@ def test_the_methods_of_a_table_are_the_registry_s_and_the_protocol_s_baselines(
     assert all(METHODS[m] == ["--timestep_sampler", m] for m in REGISTERED if m != "uniform")
 
 
+def test_run_signals_tabulates_the_logged_signals_at_the_requested_steps(tmp_path, capsys):
+    import run_signals
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"resolution": 16}))
+    p = [0.04] * 7 + [0.1, 0.2, 0.32]  # bins 7-9 hold 0.62 of p; weights 1 except bin 9 at 2
+    rows = [{"step": s, "grad_norm": 0.5, "loss_scale": 0.25, "unit_grad_norm": 2.0, "p_by_t": p,
+             "weight_by_t": [1.0] * 9 + [2.0], "loss_by_t": [0.1] * 9 + [h]}
+            for s, h in [(250, 2 / 256), (500, 1 / 512)]]
+    (run / "stats.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + '\n{"step": 500, "proxy_fd": 3}\n{"torn')
+    kept = tmp_path / "u_seed0.stats.jsonl"
+    kept.write_text(json.dumps({**rows[0], "weight_by_t": None}) + "\n")
+    assert run_signals.main(["--run", f"a={run}", "--run", f"u={kept}@32", "--steps", "300", "600",
+                             "--out", str(tmp_path / "out")]) == 0
+    res = json.loads((tmp_path / "out" / "signals.json").read_text())["runs"]
+    a = res["a"]["at"]["300"]  # the last window at or before step 300
+    assert a["step"] == 250 and a["high_loss_in_floors"] == pytest.approx(2.0)
+    assert a["signal_share_high"] == pytest.approx((0.1 + 0.2 + 0.64) / (0.28 + 0.1 + 0.2 + 0.64))
+    assert res["a"]["at"]["600"] is None  # the run ended at 500: not reported as if it had got there
+    assert res["u"]["resolution"] == 32 and res["u"]["at"]["300"] is None
+    assert res["u"]["curve"][0]["high_loss_in_floors"] == pytest.approx(2 / 256 * 1024)
+    table = (tmp_path / "out" / "signals.md").read_text()
+    assert "| a | 16 | 250 | 0.250 | 2.00 | 0.500 | 0.320 | 0.77 | 2.00 |" in table
+    assert (tmp_path / "out" / "signals.png").stat().st_size > 0
+    assert run_signals.main(["--run", f"u={kept}", "--out", str(tmp_path / "x")]) == 2
+    assert "give the resolution as PATH@RESOLUTION" in capsys.readouterr().err
+
+
 def test_error_spectrum_bands_split_the_power_exactly():
     import torch
     from error_spectrum import BAND_NAMES, band_power, radial_band
