@@ -8,7 +8,8 @@ Each `--run LABEL=PATH` is a run folder or its stats.jsonl; the resolution comes
 is given as `LABEL=PATH@RESOLUTION` (a table's runs/<name>.stats.jsonl keeps no config).
 For every run and requested step (the last logged window ending at or before it) it reports the logged loss scale s
 and the pre-clip gradient norm per unit scale (methods that log them), the pre-clip gradient norm, the probability
-of the highest-noise bin, the share of the weighted training signal (p_b x w_b, normalised) spent on t >= 700, and
+of the highest-noise bin, the share of the training signal spent on t >= 700 (p_b x w_b, and p_b x w_b x L_b: the
+share of the weighted loss, with L_b the bin's logged loss), and
 the loss of the highest-noise bin in units of the "mean-colour floor" 1 / (H x W): what a prediction whose
 per-channel spatial mean is zero, while the noise's is not, adds to the per-pixel MSE (docs/benchmarks/dev/2026-12-02:
 the colour-blob phase). The bin's loss also holds an irreducible part that does not scale with 1 / (H x W), so the
@@ -62,9 +63,11 @@ def signals(row: dict, resolution: int) -> dict:
     """One logged window's signals (see the module docstring)."""
     p, w = row["p_by_t"], row.get("weight_by_t") or [1.0] * len(row["p_by_t"])
     budget = [pb * wb for pb, wb in zip(p, w)]
+    weighted = [b * loss for b, loss in zip(budget, row["loss_by_t"])]
     return {"step": row["step"], "loss_scale": row.get("loss_scale"), "unit_grad_norm": row.get("unit_grad_norm"),
             "grad_norm": row["grad_norm"], "p_high": p[-1],
             "signal_share_high": sum(budget[HIGH_NOISE_FROM_BIN:]) / sum(budget),
+            "loss_share_high": sum(weighted[HIGH_NOISE_FROM_BIN:]) / sum(weighted),
             "high_loss_in_floors": row["loss_by_t"][-1] * resolution * resolution, "p_by_t": p}
 
 
@@ -94,9 +97,11 @@ def markdown(summary: dict, steps: list[int], command: str) -> str:
     L = ["# Logged training signals, side by side", "", f"Command: `{command}`", "",
          "s = loss scale, |g|/s = pre-clip gradient norm per unit scale, |g| = pre-clip gradient norm (window means); "
          "p(t>=900) = the highest-noise bin's probability; share t>=700 = p x w of bins 7-9 over all bins; "
+         "loss share t>=700 = the same for p x w x L (the share of the weighted loss the step trains on); "
          "L(t>=900) x HW = the highest-noise bin's loss in units of the mean-colour floor 1/(H x W).", "",
-         "| run | px | step | s | \\|g\\|/s | \\|g\\| | p(t>=900) | share t>=700 | L(t>=900) x HW |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| run | px | step | s | \\|g\\|/s | \\|g\\| | p(t>=900) | share t>=700 | loss share t>=700 "
+         "| L(t>=900) x HW |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for label, run in summary.items():
         for s in steps:
             v = run["at"][str(s)]
@@ -104,7 +109,7 @@ def markdown(summary: dict, steps: list[int], command: str) -> str:
                 continue
             L.append(f"| {label} | {run['resolution']} | {v['step']} | {fmt(v['loss_scale'], '.3f')} | "
                      f"{fmt(v['unit_grad_norm'], '.2f')} | {v['grad_norm']:.3f} | {v['p_high']:.3f} | "
-                     f"{v['signal_share_high']:.2f} | {v['high_loss_in_floors']:.2f} |")
+                     f"{v['signal_share_high']:.2f} | {v['loss_share_high']:.3f} | {v['high_loss_in_floors']:.2f} |")
     return "\n".join(L) + "\n"
 
 

@@ -618,7 +618,9 @@ def test_run_signals_tabulates_the_logged_signals_at_the_requested_steps(tmp_pat
     assert res["u"]["resolution"] == 32 and res["u"]["at"]["300"] is None
     assert res["u"]["curve"][0]["high_loss_in_floors"] == pytest.approx(2 / 256 * 1024)
     table = (tmp_path / "out" / "signals.md").read_text()
-    assert "| a | 16 | 250 | 0.250 | 2.00 | 0.500 | 0.320 | 0.77 | 2.00 |" in table
+    weighted = [0.004] * 7 + [0.01, 0.02, 0.64 * 2 / 256]  # p x w x L
+    assert a["loss_share_high"] == pytest.approx(sum(weighted[7:]) / sum(weighted))
+    assert f"| a | 16 | 250 | 0.250 | 2.00 | 0.500 | 0.320 | 0.77 | {a['loss_share_high']:.3f} | 2.00 |" in table
     assert (tmp_path / "out" / "signals.png").stat().st_size > 0
     assert run_signals.main(["--run", f"u={kept}", "--out", str(tmp_path / "x")]) == 2
     assert "give the resolution as PATH@RESOLUTION" in capsys.readouterr().err
