@@ -24,7 +24,7 @@ from adaptive.rundir import lock_output_dir, run_secrets, scrubbed_command
 from conftest import ACCELERATE, ROOT, run_cli, tiny_args, write_pooled_features
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from drill.harness import SilentHub  # noqa: E402  (the never-answering Hub endpoint the drill uses too)
+from drill.harness import SilentHub, rank_pids  # noqa: E402  (the drill's never-answering Hub, a launch's ranks)
 
 SECRET, ENV_SECRET = "hf_FaultsTestSecretToken0123456789", "hf_FaultsTestEnvToken9876543210"
 
@@ -201,21 +201,6 @@ def test_5_resume_latest_refuses_when_every_checkpoint_is_broken(trained, tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------- hangs
-
-
-def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
-    """{rank: pid} of the worker processes of an `accelerate launch`."""
-    found = {}
-    for task in Path(f"/proc/{launcher.pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            ranks = [int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"RANK=")]
-            if ranks:
-                found[ranks[0]] = int(pid)
-    return found
 
 
 @pytest.mark.slow
