@@ -587,6 +587,22 @@ def test_report_only_re_renders_a_table_of_other_code_and_keeps_its_results(tmp_
     assert (out / "README.md").read_bytes() == (src / "README.md").read_bytes()
 
 
+def test_committed_throughput_table_re_renders_byte_identically_from_its_results(tmp_path, monkeypatch):
+    """throughput.py --report_only's README.md from the committed results.json, byte for byte (the CPU count in its
+    load line is this machine's, so it is set to the committed one)."""
+    import re
+
+    from bench.throughput_report import write_readme
+
+    src = ROOT / "docs" / "benchmarks" / "throughput" / "2026-11-30"
+    if not (src / "results.json").is_file() or not (src / "README.md").is_file():
+        pytest.skip(f"{src} is not in this checkout")
+    committed = (src / "README.md").read_text()
+    monkeypatch.setattr(os, "cpu_count", lambda: int(re.search(r" on (\d+) CPUs\.", committed).group(1)))
+    write_readme(json.loads((src / "results.json").read_text()), tmp_path / "README.md")
+    assert (tmp_path / "README.md").read_bytes() == (src / "README.md").read_bytes()
+
+
 def test_the_methods_of_a_table_are_the_registry_s_and_the_protocol_s_baselines():
     from adaptive.timesteps import METHODS as REGISTERED
 
