@@ -87,13 +87,14 @@ def speed_tables(res: dict) -> list[str]:
         return [v["mixed_precision"], f"{v['img_per_s']:.1f}", f"{v['speedup']:.2f}x",
                 f"{v['first_call_seconds']:.1f}"]
 
-    return [*speed_table("## Training: our loop vs the conventional Diffusers-example loop", TRAIN_HEADER, res["train"],
-                         lambda preset, r, kind, v: [preset, r["batch"], kind.replace("train-", ""), *measured(v),
-                                                     f"{v['peak_memory_mb']:.0f}"]),
-            "", *speed_table("## Sampling: sample.py's path vs `DDPMPipeline(...)()` out of the box (same model, steps, "
-                             "batch)", SAMPLE_HEADER, res["sample"],
-                             lambda preset, r, kind, v: [preset, r["batch"], r["steps"], kind.replace("sample-", ""),
-                                                         *measured(v)])]
+    train = speed_table("## Training: our loop vs the conventional Diffusers-example loop", TRAIN_HEADER, res["train"],
+                        lambda preset, r, kind, v: [preset, r["batch"], kind.replace("train-", ""), *measured(v),
+                                                    f"{v['peak_memory_mb']:.0f}"])
+    sample = speed_table("## Sampling: sample.py's path vs `DDPMPipeline(...)()` out of the box (same model, steps, "
+                         "batch)", SAMPLE_HEADER, res["sample"],
+                         lambda preset, r, kind, v: [preset, r["batch"], r["steps"], kind.replace("sample-", ""),
+                                                     *measured(v)])
+    return [*train, "", *sample]
 
 
 def cost_and_memory_tables(res: dict) -> list[str]:
