@@ -58,7 +58,8 @@ class Run:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether oneDNN computes bf16 in hardware on this CPU (AVX512-BF16 or AMX); elsewhere bf16 autocast is emulated."""
+    """Whether oneDNN computes bf16 in hardware on this CPU (AVX512-BF16 or AMX); elsewhere bf16 autocast is
+    emulated."""
     import torch
 
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -173,7 +174,8 @@ def prepare_output_dir(accelerator, cfg: TrainConfig, log):
 
 
 def build_model(cfg: TrainConfig, device: torch.device):
-    """(U-Net with the attention kernel for the device, noise scheduler, per-t tables); identical weights on every rank."""
+    """(U-Net with the attention kernel for the device, noise scheduler, per-t tables); identical weights on every
+    rank."""
     if device.type == "cuda" and cfg.allow_tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

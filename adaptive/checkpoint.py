@@ -2,9 +2,10 @@
 
 Layout of `output_dir/checkpoint-<step>/`: Accelerate's files (model.safetensors, optimizer.bin, scheduler.bin,
 scaler.pt, random_states_<rank>.pkl for EVERY rank), ours (TrainState: training_state.pt with the progress, timestep
-sampler and EMA counters; unet_ema/, the EMA U-Net in save_pretrained layout), the run's config.json, and manifest.json (size + sha256 of every file),
-written last. A folder without a valid manifest is not a checkpoint. Nothing is loaded with pickle code execution:
-safetensors, and torch.load(weights_only=True) for the rest (Accelerate's own loader uses weights_only=True too).
+sampler and EMA counters; unet_ema/, the EMA U-Net in save_pretrained layout), the run's config.json, and
+manifest.json (size + sha256 of every file), written last. A folder without a valid manifest is not a checkpoint.
+Nothing is loaded with pickle code execution: safetensors, and torch.load(weights_only=True) for the rest
+(Accelerate's own loader uses weights_only=True too).
 """
 
 from __future__ import annotations
@@ -45,12 +46,14 @@ class Progress:
         return {"step": self.step, "images_seen": self.images_seen, "train_seconds": self.train_seconds}
 
     def load_state_dict(self, s: dict) -> None:
-        self.step, self.images_seen, self.train_seconds = int(s["step"]), int(s["images_seen"]), float(s["train_seconds"])
+        self.step, self.images_seen, self.train_seconds = (int(s["step"]), int(s["images_seen"]),
+                                                           float(s["train_seconds"]))
 
 
 @dataclass
 class TrainState:
-    """Our part of a checkpoint (STATE_FILE and EMA_FILE), saved and restored by hooks registered with the Accelerator."""
+    """Our part of a checkpoint (STATE_FILE and EMA_FILE), saved and restored by hooks registered with the
+    Accelerator."""
 
     progress: Progress
     timesteps: Any  # the TimestepSampler

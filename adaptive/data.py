@@ -225,7 +225,8 @@ def _hub_entries(cfg: TrainConfig, flag: str) -> ImageEntries:
                 "pass --image_column"
             )
     elif column not in ds.column_names:
-        raise ConfigError(f"--image_column {column!r} is not a column of {cfg.dataset_name!r} ({', '.join(ds.column_names)})")
+        raise ConfigError(f"--image_column {column!r} is not a column of {cfg.dataset_name!r} "
+                          f"({', '.join(ds.column_names)})")
     return HubEntries(ds, column, f"Hub dataset {cfg.dataset_name}")
 
 
@@ -406,7 +407,8 @@ class TrainData:
         step, micro, group = start_step, 0, []
         for x in loader:
             _, flip = self.indices(step, micro)
-            group.append(to_model_input(x.to(self.device, non_blocking=True), flip.to(self.device), self.cfg.resolution))
+            group.append(to_model_input(x.to(self.device, non_blocking=True), flip.to(self.device),
+                                        self.cfg.resolution))
             micro += 1
             if micro == self.layout.accum:
                 yield group

@@ -25,7 +25,8 @@ def training_reference(cfg: TrainConfig, featnet: FeatureNet, train_images: Opti
     decoded training data if at hand (else the training data is decoded here, as many images as training uses)."""
     if cfg.eval_ref_stats:
         return load_reference_stats(cfg.eval_ref_stats, featnet, (cfg.resolution, cfg.resolution))
-    if featnet.spec == INCEPTION and not cfg.eval_ref_dir and (cfg.dataset_name or "").lower() in ("cifar10", "cifar-10") \
+    if featnet.spec == INCEPTION and not cfg.eval_ref_dir \
+            and (cfg.dataset_name or "").lower() in ("cifar10", "cifar-10") \
             and not cfg.train_data_dir and cfg.resolution == 32:
         mu, sigma = clean_fid_reference("cifar10", 32, cfg.eval_mode, "train")
         return {"mu": mu, "sigma": sigma, "name": "cifar10-train (clean-fid)"}

@@ -149,7 +149,8 @@ def _load_inception(mode: str, device: torch.device):
     return build_feature_extractor(mode, device, use_dataparallel=False)
 
 
-def clean_fid_reference(dataset: str, resolution: int, mode: str, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+def clean_fid_reference(dataset: str, resolution: int, mode: str,
+                        split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """clean-fid's precomputed Inception statistics (e.g. cifar10 32 px train), or a ConfigError offline."""
     from cleanfid.features import get_reference_statistics
 
@@ -221,7 +222,8 @@ def to_resolution_uint8(x: torch.Tensor, resolution: int) -> torch.Tensor:
     return y.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
-def reference_subset(images: torch.Tensor, num: Optional[int], resolution: int, seed: int = REFERENCE_SEED) -> torch.Tensor:
+def reference_subset(images: torch.Tensor, num: Optional[int], resolution: int,
+                     seed: int = REFERENCE_SEED) -> torch.Tensor:
     """A fixed random subset of `num` (None: all) of the decoded images uint8 [N, 3, H, W], at the resolution:
     uint8 [num, S, S, 3]."""
     num = len(images) if num is None else num
@@ -264,7 +266,8 @@ def load_reference_stats(path: str | Path, featnet: "FeatureNet", resolution: tu
         raise ConfigError(f"reference statistics {p} do not exist")
     ref = {**stats_meta(p), **load_stats(p), "name": str(p)}
     if ref.get("feature_extractor") not in (None, featnet.identity):
-        raise ConfigError(f"reference statistics {p} were built with {ref.get('feature_name', ref['feature_extractor'])}"
+        raise ConfigError(f"reference statistics {p} were built with "
+                          f"{ref.get('feature_name', ref['feature_extractor'])}"
                           f" ({ref['feature_extractor']}), not {featnet.name} ({featnet.identity})")
     if ref.get("resolution") is not None and tuple(ref["resolution"]) != tuple(resolution):
         raise ConfigError(f"reference statistics {p} are of {ref['resolution'][1]}x{ref['resolution'][0]} px images "

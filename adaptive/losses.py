@@ -16,7 +16,8 @@ def snr(alphas_cumprod: torch.Tensor) -> torch.Tensor:
     return alphas_cumprod / (1.0 - alphas_cumprod)
 
 
-def q_sample(x0: torch.Tensor, noise: torch.Tensor, sqrt_abar: torch.Tensor, sqrt_one_minus_abar: torch.Tensor) -> torch.Tensor:
+def q_sample(x0: torch.Tensor, noise: torch.Tensor, sqrt_abar: torch.Tensor,
+             sqrt_one_minus_abar: torch.Tensor) -> torch.Tensor:
     """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps (Ho et al. 2020, eq. 4); coefficients are [B].
 
     Kept instead of DDPMScheduler.add_noise: the coefficients come from float64-built tables (add_noise takes float32
@@ -26,7 +27,8 @@ def q_sample(x0: torch.Tensor, noise: torch.Tensor, sqrt_abar: torch.Tensor, sqr
 
 def training_target(prediction_type: str, x0: torch.Tensor, noise: torch.Tensor, sqrt_abar: torch.Tensor,
                     sqrt_one_minus_abar: torch.Tensor) -> torch.Tensor:
-    """Regression target: eps (Ho et al. 2020), x0, or v = sqrt(abar) eps - sqrt(1-abar) x0 (Salimans & Ho 2022, eq. 19)."""
+    """Regression target: eps (Ho et al. 2020), x0, or v = sqrt(abar) eps - sqrt(1-abar) x0 (Salimans & Ho 2022,
+    eq. 19)."""
     if prediction_type == "epsilon":
         return noise
     if prediction_type == "sample":

@@ -43,7 +43,8 @@ def profile_dot(t_a: np.ndarray, g_a: np.ndarray, t_b: np.ndarray, g_b: np.ndarr
     return np.exp(log)
 
 
-def solve_coefficients(in_steps: Sequence[int], in_gammas: Sequence[float], out_step: int, out_gamma: float) -> np.ndarray:
+def solve_coefficients(in_steps: Sequence[int], in_gammas: Sequence[float], out_step: int,
+                       out_gamma: float) -> np.ndarray:
     """Weights c with sum_i c_i snapshot_i ~ the power EMA (out_step, out_gamma): least squares on the profiles."""
     t = np.asarray(in_steps, np.float64)
     g = np.asarray(in_gammas, np.float64)
@@ -53,7 +54,8 @@ def solve_coefficients(in_steps: Sequence[int], in_gammas: Sequence[float], out_
 
 
 class PowerEMAs:
-    """The power-function EMAs of the model for each sigma_rel; identical on every rank (updated from synced weights)."""
+    """The power-function EMAs of the model for each sigma_rel; identical on every rank (updated from synced
+    weights)."""
 
     def __init__(self, model: torch.nn.Module, sigma_rels: Sequence[float]):
         self.sigma_rels = [float(s) for s in sigma_rels]
@@ -115,7 +117,8 @@ def reconstruct(snapshots: list[dict], sigma_rel: float, at_step: int | None = N
         raise ValueError("no snapshots")
     at_step = at_step or max(s["step"] for s in snapshots)
     use = [s for s in snapshots if s["step"] <= at_step]
-    coef = solve_coefficients([s["step"] for s in use], [s["gamma"] for s in use], at_step, sigma_rel_to_gamma(sigma_rel))
+    coef = solve_coefficients([s["step"] for s in use], [s["gamma"] for s in use], at_step,
+                              sigma_rel_to_gamma(sigma_rel))
     out: dict[str, torch.Tensor] = {}
     for c, s in zip(coef, use):
         sd = load_file(str(s["path"]))

@@ -126,7 +126,8 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
                 f"({describe_changes(saved, cfg.to_dict(), bad)}); "
                 "use another --output_dir or --overwrite_output_dir"
             )
-        changed = [k for k in changed_keys(saved, cfg.to_dict()) if k != "mixed_precision" or saved.get(k) != cfg.mixed_precision]
+        changed = [k for k in changed_keys(saved, cfg.to_dict())
+                   if k != "mixed_precision" or saved.get(k) != cfg.mixed_precision]
         if ckpt and changed:  # every one applies (optimizer hyper-parameters too: build.apply_optimizer_settings)
             log(f"warning: resuming {ckpt.name} with changed settings, which apply from its step on: "
                 f"{', '.join(changed)}")
@@ -153,7 +154,8 @@ def lock_output_dir(out: Path, log):
         handle.close()
         holder = lock_holder(path)
         raise ConfigError(
-            f"--output_dir {out} is in use by another training process ({f'PID {holder}' if holder else 'PID unknown'});"
+            f"--output_dir {out} is in use by another training process "
+            f"({f'PID {holder}' if holder else 'PID unknown'});"
             " wait for it to finish or stop it (a killed launcher's ranks may still be running), or use another "
             "--output_dir") from None
     except OSError as e:  # a file system without locks: train on, unprotected
@@ -295,7 +297,8 @@ def set_branch_aside(out: Path, resume_from: Path, log) -> Optional[Path]:
     if stats.exists():
         cut = [line for line in stats.read_text().splitlines() if _record_step(line) > step]
         (aside / stats.name).write_text("".join(line + "\n" for line in cut))
-    log(f"resuming {resume_from.name}, not the newest: the newer timeline ({', '.join([c.name for c in newer] + export)}"
+    log(f"resuming {resume_from.name}, not the newest: the newer timeline "
+        f"({', '.join([c.name for c in newer] + export)}"
         f" and the stats.jsonl rows after step {step}) is moved aside to {aside}")
     return aside
 
@@ -333,14 +336,15 @@ def run_info(accelerator, cfg: TrainConfig, layout, num_params: int, data) -> di
         "command": scrubbed_command(sys.argv, run_secrets(cfg)),
         "world_size": accelerator.num_processes,
         "device": str(accelerator.device),
-        "device_name": torch.cuda.get_device_name() if accelerator.device.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": (torch.cuda.get_device_name() if accelerator.device.type == "cuda"
+                        else platform.processor() or platform.machine()),
         "mixed_precision": accelerator.mixed_precision,
         "global_batch": layout.global_batch,
         "num_parameters": num_params,
         "num_images": data.num_images,
         "streaming": data.streaming,
-        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__, "accelerate": accelerate.__version__,
-                     "python": platform.python_version()},
+        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
+                     "accelerate": accelerate.__version__, "python": platform.python_version()},
         "git_commit": git_commit(),
     }
 

@@ -66,9 +66,11 @@ class ConventionalLoop:
         from diffusers.training_utils import EMAModel
 
         self.accelerator = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=1)
-        self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision, torch.float32)  # as the example
+        # as the example
+        self.weight_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision, torch.float32)
         model = build_unet(cfg)  # same architecture; Diffusers' default attention processor
-        self.noise_scheduler = DDPMScheduler(num_train_timesteps=cfg.ddpm_num_steps, beta_schedule=cfg.ddpm_beta_schedule)
+        self.noise_scheduler = DDPMScheduler(num_train_timesteps=cfg.ddpm_num_steps,
+                                             beta_schedule=cfg.ddpm_beta_schedule)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                       weight_decay=cfg.adam_weight_decay, eps=cfg.adam_epsilon)
         loader = torch.utils.data.DataLoader(PILImages(source, cfg.resolution), batch_size=cfg.train_batch_size,

@@ -9,13 +9,14 @@ image (|k| <= 0.5: the image mean; then bands 1, 2, 4, 8, 16 and above), per cha
 in that band, E|F(x0 - mean image)|^2: an x0 estimate whose error in a band exceeds the data's own power there is
 worse than predicting the data mean. `dc_slope` is the regression slope of the prediction's per-channel image mean on
 the noise's (1: the model reproduces the noise's mean colour, as it must at high noise; 0: it predicts a zero-mean
-noise, and x0_hat's mean colour is the noise's mean amplified by 1/sqrt(abar_t)). Ancestral sampling uses x0_hat (clipped to [-1, 1]) at every step, so a band
-that stays wrong at high noise is what the samples show - colour blobs when it is the low frequencies.
+noise, and x0_hat's mean colour is the noise's mean amplified by 1/sqrt(abar_t)). Ancestral sampling uses x0_hat
+(clipped to [-1, 1]) at every step, so a band that stays wrong at high noise is what the samples show - colour blobs
+when it is the low frequencies.
 
 Bands are in cycles per image, so a 16 px and a 32 px model are compared at the same scale of structure.
 
-    python benchmarks/error_spectrum.py --checkpoint RUN/checkpoint-1000 --data ../shared/datasets/cifar10-jpeg/train.zip \
-        --out docs/benchmarks/dev/<date>/spectrum_<name>.json
+    python benchmarks/error_spectrum.py --checkpoint RUN/checkpoint-1000 \
+        --data ../shared/datasets/cifar10-jpeg/train.zip --out docs/benchmarks/dev/<date>/spectrum_<name>.json
     python benchmarks/error_spectrum.py --summarize A.json B.json      # markdown tables
 
 Diagnostic only: nothing in training depends on it.
@@ -93,7 +94,8 @@ def summarize(paths: list[Path]) -> str:
                   "|---|---|---|" + "---|" * len(BAND_NAMES)]
         for t, v in r["by_t"].items():
             ratio = torch.tensor(v["x0_error_by_band"]) / data.clamp_min(1e-12)
-            lines.append(f"| {t} | {v['eps_mse']:.5f} | {v.get('dc_slope', float('nan')):.3f} | " + " | ".join(f"{x:.3g}" for x in ratio.tolist()) + " |")
+            lines.append(f"| {t} | {v['eps_mse']:.5f} | {v.get('dc_slope', float('nan')):.3f} | "
+                         + " | ".join(f"{x:.3g}" for x in ratio.tolist()) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -67,7 +67,8 @@ def write_images(folder: Path, count: int, size: int, seed: int = 0) -> Path:
     ramp = np.linspace(0, 1, size)[None, :, None]
     for i in range(count):
         (folder / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        img = rng.integers(0, 256, (1, 1, 3)) + ramp * rng.integers(-80, 80, (1, 1, 3)) + rng.normal(0, 10, (size, size, 3))
+        img = (rng.integers(0, 256, (1, 1, 3)) + ramp * rng.integers(-80, 80, (1, 1, 3))
+               + rng.normal(0, 10, (size, size, 3)))
         Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(folder / f"c{i % 2}" / f"{i:05d}.png")
     return folder
 
@@ -162,7 +163,8 @@ def read_sections(out: Path) -> dict[str, dict]:
     path = out / "sections.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
         rec = json.loads(line)
-        rec["status"] = {0: "ok", 124: "time limit", 137: "time limit (killed)"}.get(rec["rc"], f"failed (exit {rec['rc']})")
+        rec["status"] = {0: "ok", 124: "time limit", 137: "time limit (killed)"}.get(rec["rc"],
+                                                                                     f"failed (exit {rec['rc']})")
         sections[rec["name"]] = rec
     return sections
 
@@ -274,16 +276,18 @@ def readme(summary: dict) -> str:
           "`train_accelerate.py --max_train_minutes` per method (evaluation excluded), then the exported EMA pipeline "
           "is sampled (`sample.py`, DDPM ancestral, seeds 0..N-1) and scored (`evaluate_fid.py` against the training "
           "images). img/s = images / training seconds of the whole run (start-up steps included).", "",
-          "| method | budget min | steps reached | training s | img/s | FD | images x sampling steps | feature network |",
+          "| method | budget min | steps reached | training s | img/s | FD | images x sampling steps "
+          "| feature network |",
           "|---|---|---|---|---|---|---|---|"]
     for m, r in summary["methods"].items():
         if r is None:
             L.append(f"| {m} | - | not trained | - | - | - | - | {section_note(summary, f'train-{m}')} |")
             continue
         label = "FID" if r["fd_metric"] == "fid" else "proxy FD"
-        fd = f"{label} {r['fd']:.3f}" if r["fd"] is not None else "not evaluated (" + section_note(summary, f"eval-{m}") + ")"
-        L.append(f"| {m} | {fmt(r['budget_minutes'], 2)} | {r['steps']} | {r['train_seconds']:.0f} | {r['img_per_s']:.0f} | "
-                 f"{fd} | {r['eval_images']} x {r['eval_steps']} | {r['feature_extractor']} |")
+        fd = (f"{label} {r['fd']:.3f}" if r["fd"] is not None
+              else "not evaluated (" + section_note(summary, f"eval-{m}") + ")")
+        L.append(f"| {m} | {fmt(r['budget_minutes'], 2)} | {r['steps']} | {r['train_seconds']:.0f} | "
+                 f"{r['img_per_s']:.0f} | {fd} | {r['eval_images']} x {r['eval_steps']} | {r['feature_extractor']} |")
     L += ["", "Training this short is a check that the GPU paths run, not a comparison of the methods: the preset's "
           "learning-rate warm-up is not over and one seed says nothing about the spread."]
     return "\n".join(L) + "\n"

@@ -90,7 +90,8 @@ def forward_process(repeats: int) -> dict:
         worst = max(worst, (ours - lib).abs().max().item())
     t = torch.randint(0, 1000, (128,), generator=g)
     return {"max_abs_difference": worst, "bit_identical": worst == 0.0,
-            "ours_cpu_ms": 1e3 * cpu_time(lambda: q_sample(x0, noise, tables.sqrt_abar[t], tables.sqrt_one_minus_abar[t]), repeats),
+            "ours_cpu_ms": 1e3 * cpu_time(lambda: q_sample(x0, noise, tables.sqrt_abar[t],
+                                                           tables.sqrt_one_minus_abar[t]), repeats),
             "library_cpu_ms": 1e3 * cpu_time(lambda: sched.add_noise(x0, noise, t), repeats)}
 
 
@@ -104,11 +105,12 @@ def write_report(res: dict, out: Path) -> None:
     lines = [f"# Library calls vs our code ({res['date']}){' - QUICK SMOKE TEST' if res['quick'] else ''}", "",
              f"Command: `{res['command']}`, commit `{res['git_commit']}`, torch {res['versions']['torch']}, "
              f"diffusers {res['versions']['diffusers']}; CPU time of one thread. Raw numbers: `results.json`.", "",
-             "| what | ours | library | equal? | largest difference | time ours | time library |", "|---|---|---|---|---|---|---|"]
+             "| what | ours | library | equal? | largest difference | time ours | time library |",
+             "|---|---|---|---|---|---|---|"]
     for w, v in e.items():
         equal = "bit-identical" if v["bit_identical"] else f"no ({v['updates_with_a_difference']} updates differ)"
-        lines.append(f"| EMA, {w} warm-up, {v['updates']} updates | `EMA` (`_foreach_lerp_`) | `EMAModel(foreach=True)` | "
-                     f"{equal} | {v['max_abs_difference']:.3g} | - | - |")
+        lines.append(f"| EMA, {w} warm-up, {v['updates']} updates | `EMA` (`_foreach_lerp_`) | "
+                     f"`EMAModel(foreach=True)` | {equal} | {v['max_abs_difference']:.3g} | - | - |")
     lines.append(f"| forward process, all T | `q_sample` (float64-built tables) | `DDPMScheduler.add_noise` | "
                  f"{'bit-identical' if q['bit_identical'] else 'no'} | {q['max_abs_difference']:.3g} | "
                  f"{q['ours_cpu_ms']:.3f} ms | {q['library_cpu_ms']:.3f} ms |")
@@ -133,7 +135,8 @@ def main(argv=None) -> int:
     q = args.quick
     res = {"date": dt.date.today().isoformat(), "quick": q,
            "command": " ".join(["python", "benchmarks/library_equivalence.py", *(argv or sys.argv[1:])]),
-           "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+           "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                        text=True).stdout.strip(),
            "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__},
            "ema": ema_equivalence(5 if q else 50),
            "forward_process": forward_process(3 if q else 50)}

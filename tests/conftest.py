@@ -92,5 +92,6 @@ def run_cli(script: str, args: list[str], nproc: int = 1, timeout: float = 600, 
                "--num_processes", str(nproc), script, *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}"
+                             f"\nstderr:\n{proc.stderr[-4000:]}")
     return proc

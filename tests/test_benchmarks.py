@@ -47,20 +47,23 @@ def test_only_missing_or_remeasured_cost_ratios_are_measured_again():
 
 def test_speedup_is_uniform_budget_over_steps_to_uniforms_final_fd():
     rows = [{"method": "uniform", "seed": s, "cost_ratio": 1.0, "cost_ratio_used": 1.0, "steps": 2000,
-             "evals": [{"step": 1000, "fd": 8.0 + s, "train_seconds": 60}, {"step": 2000, "fd": 4.0 + s, "train_seconds": 120}]}
+             "evals": [{"step": 1000, "fd": 8.0 + s, "train_seconds": 60},
+                       {"step": 2000, "fd": 4.0 + s, "train_seconds": 120}]}
             for s in (0, 1)]
     rows += [{"method": "fast", "seed": s, "cost_ratio": 1.25, "cost_ratio_used": 1.25, "steps": 1600,
               "evals": [{"step": 800, "fd": 4.5, "train_seconds": 60}, {"step": 1600, "fd": 3.0, "train_seconds": 120}]}
              for s in (0, 1)]
     summ = aggregate(rows, 2000, (1000, 2000))
-    assert summ["uniform"]["curve"][-1]["mean"] == pytest.approx(4.5) and summ["uniform"]["speedup"] == pytest.approx(1.0)
+    assert summ["uniform"]["curve"][-1]["mean"] == pytest.approx(4.5) \
+        and summ["uniform"]["speedup"] == pytest.approx(1.0)
     assert summ["fast"]["equiv_steps_to_target"] == pytest.approx(1000)  # reaches 4.5 at its first point
     assert summ["fast"]["speedup"] == pytest.approx(2.0)
 
 
 def curve_row(method: str, seed: int, fds: dict[int, float], planned=(1000, 2000), cost=1.0) -> dict:
     return {"method": method, "seed": seed, "cost_ratio": cost, "cost_ratio_used": cost, "steps": max(fds),
-            "eval_steps": list(planned), "evals": [{"step": k, "fd": v, "train_seconds": k / 10} for k, v in fds.items()]}
+            "eval_steps": list(planned),
+            "evals": [{"step": k, "fd": v, "train_seconds": k / 10} for k, v in fds.items()]}
 
 
 def test_unfinished_runs_stay_out_of_the_means_and_the_bar_is_checked_honestly():
@@ -74,7 +77,8 @@ def test_unfinished_runs_stay_out_of_the_means_and_the_bar_is_checked_honestly()
     verdict = bar_verdict(summ)
     assert verdict[0].startswith("1. speed-up >= 2x against uniform: yes")
     # p2 has one seed: its gap to adaptive cannot be judged against a spread; unfinished baselines are named
-    assert verdict[1].startswith("2. lower mean FD") and ": no (" in verdict[1] and "p2" in verdict[1] and "kim2025" in verdict[1]
+    assert verdict[1].startswith("2. lower mean FD") and ": no (" in verdict[1] and "p2" in verdict[1] \
+        and "kim2025" in verdict[1]
     rows[-1:] = [curve_row("p2", s, {1000: 5.0, 2000: 1.5}) for s in (0, 1)]
     assert "not lower than p2 1.500" in bar_verdict(aggregate(rows, 2000, (1000, 2000)))[1]
 
@@ -101,7 +105,8 @@ def test_32px_budget_and_recheck_points_follow_the_protocol():
     # 1.15 x 2.85 = 3.28: first reached at 3,500 steps -> B = 4,000
     assert calibration_budget(curve) == 4000
     assert recheck_points({"learning_rate": 2e-3, "adam_beta2": 0.99}) == [grid_name(1e-3, 0.99), grid_name(4e-3, 0.99)]
-    assert recheck_points({"learning_rate": 8e-3, "adam_beta2": 0.999}) == [grid_name(2e-3, 0.999), grid_name(4e-3, 0.999)]
+    assert recheck_points({"learning_rate": 8e-3, "adam_beta2": 0.999}) == [grid_name(2e-3, 0.999),
+                                                                             grid_name(4e-3, 0.999)]
 
 
 def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
@@ -187,7 +192,8 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path, monkeypatch, caps
     assert train["git_commit"] == sample["git_commit"] == res["git_commit"]  # every preset's provenance
     assert (out / "throughput.png").stat().st_size > 1000
     table = (out / "README.md").read_text()
-    assert "| cpu-tiny16 | 8 | ours |" in table and "| cpu-tiny16 | 8 | conventional |" in table and "vs pipeline" in table
+    assert "| cpu-tiny16 | 8 | ours |" in table and "| cpu-tiny16 | 8 | conventional |" in table \
+        and "vs pipeline" in table
     # --only: re-measure one section, keep the others as they were (stand-in workers: the merge is what is tested)
     calls = []
 
@@ -253,7 +259,8 @@ def test_attention_kernels_quick_mode_times_every_variant_and_restores_the_const
     assert ak.main(["--quick", "--out", str(tmp_path)]) == 0
     assert (attention.UNBLOCKED_SCORE_BYTES, attention.BLOCK_SCORE_BYTES_PER_THREAD) == before
     res = json.loads((tmp_path / "attention.json").read_text())
-    assert {(r["variant"], r["mode"]) for r in res["rows"]} == {(v[0], m) for v in ak.VARIANTS for m in ("train", "sample")}
+    assert {(r["variant"], r["mode"]) for r in res["rows"]} == {(v[0], m) for v in ak.VARIANTS
+                                                                 for m in ("train", "sample")}
     assert {r["variant"] for r in res["budget_sweep"]} == {f"{mib:g} MiB" for mib in ak.BUDGETS_MIB}
     assert all(r["ms"] > 0 for r in res["rows"] + res["budget_sweep"])
     assert f"| {before[1] / 2**20:g} MiB* |" in (tmp_path / "attention.md").read_text()  # the default, marked
@@ -333,16 +340,20 @@ def test_gpu_check_report_reads_every_section_and_names_what_is_missing(tmp_path
         (out / "throughput" / part).mkdir(parents=True)
         rows = {k: {"img_per_s": v, "peak_memory_mb": 1000.0, "first_call_seconds": 40.0 if "compile" in k else 1.0,
                     "mixed_precision": "bf16", "device": "cuda:0", "speedup": 1.0} for k, v in kinds.items()}
-        (out / "throughput" / part / "results.json").write_text(json.dumps({"train": {"ddpm-cifar10": {"batch": 128, **rows}}}))
+        (out / "throughput" / part / "results.json").write_text(
+            json.dumps({"train": {"ddpm-cifar10": {"batch": 128, **rows}}}))
     (out / "env.json").write_text(json.dumps({"settings": {"PRESET": "ddpm-cifar10", "METHODS": "uniform adaptive",
-                                                           "COMPILE": "1"}, "device": "NVIDIA H200", "cuda_available": True}))
+                                                           "COMPILE": "1"},
+                                              "device": "NVIDIA H200", "cuda_available": True}))
     (out / "sections.jsonl").write_text("\n".join(json.dumps(r) for r in [
         {"name": "memory", "limit_s": 45, "seconds": 55, "rc": 124},
         {"name": "train-adaptive", "limit_s": 150, "seconds": 3, "rc": 1}]) + "\n")
     summary = gc.summarize(out, tmp_path / "work")
     tp = summary["throughput"]
-    assert tp["train-ours"]["vs_conventional"] == pytest.approx(3.0) and tp["train-ours"]["vs_conventional_bf16"] == pytest.approx(2.0)
-    assert tp["train-ours-compile"]["vs_conventional"] == pytest.approx(4.5)  # compiled row against the eager run's reference
+    assert tp["train-ours"]["vs_conventional"] == pytest.approx(3.0) \
+        and tp["train-ours"]["vs_conventional_bf16"] == pytest.approx(2.0)
+    # compiled row against the eager run's reference
+    assert tp["train-ours-compile"]["vs_conventional"] == pytest.approx(4.5)
     assert summary["methods"] == {"uniform": None, "adaptive": None} and summary["memory"] == []
     text = gc.readme(summary)
     assert "| ours (--compile) | 128 | bf16 | 450.0 | 4.50x | 3.00x | 40.0 | 1000 |" in text
@@ -363,7 +374,8 @@ def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
     from conftest import ROOT
 
     out, work = tmp_path / "out", tmp_path / "work"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "OMP_NUM_THREADS": "1",
            "SHARED": str(tmp_path / "no-shared"), "OUT": str(out), "WORK": str(work), "PRESET": "cpu-tiny16",
            "BATCH": "4", "TP_FLAGS": "--rounds 1 --warmup 1 --windows 1 --window_steps 1", "COMPILE": "0",
            "MINUTES": "0.05", "EVAL_IMAGES": "64", "SAMPLE_STEPS": "5", "REF_IMAGES": "64", "TOTAL_SECONDS": "1200",
@@ -385,16 +397,19 @@ def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
     sections = [json.loads(l) for l in (out / "sections.jsonl").read_text().splitlines()]
     assert [s["name"] for s in sections] == ["throughput-eager", "memory", "eval-reference", "train-uniform",
                                              "eval-uniform", "train-adaptive", "eval-adaptive"]
-    assert all(s["rc"] == 0 for s in sections) and len(list((tmp_path / "cache" / "reference_stats").glob("*.npz"))) == 1
+    assert all(s["rc"] == 0 for s in sections) \
+        and len(list((tmp_path / "cache" / "reference_stats").glob("*.npz"))) == 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env"]["versions"]["torch"] and summary["env"]["git_commit"] and summary["fallback"]["features"]
     tp = summary["throughput"]
     assert set(tp) == {"train-ours", "train-conventional", "train-conventional-bf16"}
     assert all(r["img_per_s"] > 0 and r["batch"] == 4 for r in tp.values())
     assert tp["train-ours"]["mixed_precision"] == "bf16" and tp["train-conventional"]["mixed_precision"] == "no"
-    assert tp["train-conventional"]["vs_conventional"] == 1.0 and tp["train-conventional-bf16"]["mixed_precision"] == "bf16"
+    assert tp["train-conventional"]["vs_conventional"] == 1.0 \
+        and tp["train-conventional-bf16"]["mixed_precision"] == "bf16"
     assert {(m["mixed_precision"], m["gradient_checkpointing"]) for m in summary["memory"]} == \
-        {("no", False), ("no", True), ("bf16", False), ("bf16", True)} and all(m["batch"] == 4 for m in summary["memory"])
+        {("no", False), ("no", True), ("bf16", False), ("bf16", True)} \
+        and all(m["batch"] == 4 for m in summary["memory"])
     for method in ("uniform", "adaptive"):
         r = summary["methods"][method]
         assert r["budget_minutes"] == 0.05 and r["train_seconds"] >= 3.0 and r["steps"] > 0  # stopped by the clock
@@ -409,7 +424,8 @@ def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
     assert (out / "log.txt").exists() and (out / "throughput" / "eager" / "results.json").exists()
     # past the deadline every section is skipped and named so, and the exit status says so; the same OUT and WORK
     # again: nothing of the first run stands in for what was not measured this time
-    late = run(TOTAL_SECONDS="1", DATA=str(work / "generated" / "images"), FEATURES=str(work / "generated" / "toy-features.pt"))
+    late = run(TOTAL_SECONDS="1", DATA=str(work / "generated" / "images"),
+               FEATURES=str(work / "generated" / "toy-features.pt"))
     assert late.returncode == 1 and "skipped, the deadline has passed" in late.stdout
     assert {json.loads(l)["rc"] for l in (out / "sections.jsonl").read_text().splitlines()} == {124}
     summary = json.loads((out / "summary.json").read_text())
@@ -426,7 +442,8 @@ def test_library_equivalence_quick_mode_measures_every_pair(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
     assert set(res["ema"]) == {"power", "ratio"} and all(v["updates"] == 5 for v in res["ema"].values())
     assert res["forward_process"]["max_abs_difference"] < 1e-5  # float32 vs float64-built tables: rounding only
-    assert (tmp_path / "library.png").stat().st_size > 1000 and "| forward process" in (tmp_path / "README.md").read_text()
+    assert (tmp_path / "library.png").stat().st_size > 1000 \
+        and "| forward process" in (tmp_path / "README.md").read_text()
 
 
 def test_fault_drill_counts_faults_and_writes_the_table():
@@ -474,7 +491,8 @@ def test_grad_norms_summarises_each_phase_and_how_often_the_clip_binds(tmp_path,
     assert res["1-250"]["grad_norm_mean"] == pytest.approx(1.0) and res["1-250"]["share_above_clip"] == 0.5
     assert res["251-500"]["grad_norm_mean"] == pytest.approx(1.2) and res["251-500"]["grad_norm_max"] == 2.0
     assert res["501-1000"] is None and res["1001-2000"]["unit_grad_norm_last"] == pytest.approx(0.5)
-    assert "| adaptive_seed0 | 1.00 (50%), s 0.500 | 1.20 (50%), s 0.500 | - |" in (tmp_path / "grad_norms.md").read_text()
+    assert "| adaptive_seed0 | 1.00 (50%), s 0.500 | 1.20 (50%), s 0.500 | - |" \
+        in (tmp_path / "grad_norms.md").read_text()
     assert (tmp_path / "grad_norms.png").stat().st_size > 0
     assert grad_norms.main(["--runs", str(tmp_path / "nothing")]) == 2
     assert "holds no" in capsys.readouterr().err
@@ -585,6 +603,22 @@ def test_report_only_re_renders_a_table_of_other_code_and_keeps_its_results(tmp_
     assert compare_methods.main(argv) == 0
     assert (out / "results.json").read_bytes() == before
     assert (out / "README.md").read_bytes() == (src / "README.md").read_bytes()
+
+
+def test_committed_throughput_table_re_renders_byte_identically_from_its_results(tmp_path, monkeypatch):
+    """throughput.py --report_only's README.md from the committed results.json, byte for byte (the CPU count in its
+    load line is this machine's, so it is set to the committed one)."""
+    import re
+
+    from bench.throughput_report import write_readme
+
+    src = ROOT / "docs" / "benchmarks" / "throughput" / "2026-11-30"
+    if not (src / "results.json").is_file() or not (src / "README.md").is_file():
+        pytest.skip(f"{src} is not in this checkout")
+    committed = (src / "README.md").read_text()
+    monkeypatch.setattr(os, "cpu_count", lambda: int(re.search(r" on (\d+) CPUs\.", committed).group(1)))
+    write_readme(json.loads((src / "results.json").read_text()), tmp_path / "README.md")
+    assert (tmp_path / "README.md").read_bytes() == (src / "README.md").read_bytes()
 
 
 def test_the_methods_of_a_table_are_the_registry_s_and_the_protocol_s_baselines():

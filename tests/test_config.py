@@ -40,7 +40,8 @@ def test_help_is_data_and_fits_in_120_columns(capsys):
 def test_ddpm_cifar10_preset_is_the_papers_model():
     cfg = resolve_config(parse_args(["--preset", "ddpm-cifar10"]))
     assert count_parameters(build_unet(cfg)) == 35_746_307  # Ho et al. 2020: 35.7M
-    assert (cfg.learning_rate, cfg.lr_warmup_steps, cfg.train_batch_size, cfg.max_train_steps) == (2e-4, 5000, 128, 800_000)
+    assert (cfg.learning_rate, cfg.lr_warmup_steps, cfg.train_batch_size, cfg.max_train_steps) == \
+        (2e-4, 5000, 128, 800_000)
     assert (cfg.dropout, cfg.max_grad_norm, cfg.ema_max_decay, cfg.random_flip) == (0.1, 1.0, 0.9999, True)
     s = build_noise_scheduler(cfg)
     assert s.config.num_train_timesteps == 1000 and s.config.beta_schedule == "linear"
@@ -58,7 +59,8 @@ def test_cpu_tiny16_is_exactly_the_benchmark_protocol():
     assert c.attention_head_dim == 8 and c.dropout == 0.0 and c.norm_num_groups == 32  # UNet2DModel defaults
     assert 1.0e6 < count_parameters(unet) < 1.2e6
     assert (cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_weight_decay) == (2e-3, 0.9, 0.999, 0.0)
-    assert (cfg.lr_scheduler, cfg.lr_warmup_steps, cfg.max_grad_norm, cfg.train_batch_size) == ("constant_with_warmup", 200, 1.0, 128)
+    assert (cfg.lr_scheduler, cfg.lr_warmup_steps, cfg.max_grad_norm, cfg.train_batch_size) == \
+        ("constant_with_warmup", 200, 1.0, 128)
     assert cfg.mixed_precision == "bf16" and cfg.random_flip
     assert (cfg.use_ema, cfg.ema_max_decay, cfg.ema_warmup) == (True, 0.995, "ratio")
     assert cfg.max_train_steps == 2000 and cfg.ddpm_num_inference_steps == 50
@@ -66,10 +68,10 @@ def test_cpu_tiny16_is_exactly_the_benchmark_protocol():
 
 
 def test_flags_override_the_preset_and_the_config_round_trips():
-    cfg = resolve_config(parse_args(["--preset", "cpu-tiny16", "--learning_rate", "1e-3", "--block_out_channels", "32,64",
-                                     "--down_block_types", "DownBlock2D", "AttnDownBlock2D", "--up_block_types",
-                                     "AttnUpBlock2D,UpBlock2D", "--no-random_flip", "--max_train_steps", "none",
-                                     "--num_epochs", "3"]))
+    cfg = resolve_config(parse_args(["--preset", "cpu-tiny16", "--learning_rate", "1e-3",
+                                     "--block_out_channels", "32,64", "--down_block_types", "DownBlock2D",
+                                     "AttnDownBlock2D", "--up_block_types", "AttnUpBlock2D,UpBlock2D",
+                                     "--no-random_flip", "--max_train_steps", "none", "--num_epochs", "3"]))
     assert cfg.learning_rate == 1e-3 and cfg.block_out_channels == (32, 64) and cfg.random_flip is False
     assert cfg.down_block_types == ("DownBlock2D", "AttnDownBlock2D") and cfg.max_train_steps is None
     assert cfg.lr_warmup_steps == 200  # still the preset's
@@ -107,7 +109,8 @@ def test_hub_dataset_with_an_img_column(tmp_path):
     ds = datasets.Dataset.from_dict({"img": imgs, "label": list(range(5))}).cast_column("img", datasets.Image())
     (tmp_path / "repo" / "data").mkdir(parents=True)
     ds.to_parquet(str(tmp_path / "repo" / "data" / "train-00000-of-00001.parquet"))
-    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "dataset_name": str(tmp_path / "repo"), "cache_dir": str(tmp_path / "cache")})
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "dataset_name": str(tmp_path / "repo"),
+                         "cache_dir": str(tmp_path / "cache")})
     x = decode_all(open_entries(cfg), 16)
     assert x.shape == (5, 3, 32, 32) and x[3].float().mean().item() == 30
     cfg = replace(cfg, image_column="picture")
@@ -148,7 +151,8 @@ def test_resume_takes_the_runs_saved_config_and_flags_override_it(tmp_path, caps
     cfg = _printed_config(capsys, "--resume_from_checkpoint", run / "checkpoint-5")
     assert cfg["seed"] == 3 and cfg["output_dir"] == str(run)
     # a new run (no config.json yet) with the same command is just a new run
-    assert _printed_config(capsys, "--output_dir", tmp_path / "new", "--resume_from_checkpoint", "latest")["preset"] == "ddpm-cifar10"
+    assert _printed_config(capsys, "--output_dir", tmp_path / "new", "--resume_from_checkpoint",
+                           "latest")["preset"] == "ddpm-cifar10"
 
 
 def test_help_is_grouped_by_section_and_shows_the_presets_defaults(capsys):
@@ -158,7 +162,8 @@ def test_help_is_grouped_by_section_and_shows_the_presets_defaults(capsys):
     model = text[text.index("model (UNet2DModel):"):text.index("diffusion (DDPMScheduler):")]
     assert "--block_out_channels" in model and "cpu-tiny16: 32,64,64" in model and "--learning_rate" not in model
     optim = text[text.index("optimisation:"):]
-    assert "--learning_rate" in optim and "[default 0.0002; cpu-tiny: 0.002; cpu-tiny16: 0.002]" in " ".join(optim.split())
+    assert "--learning_rate" in optim \
+        and "[default 0.0002; cpu-tiny: 0.002; cpu-tiny16: 0.002]" in " ".join(optim.split())
 
 
 @pytest.mark.parametrize("script", ["train_accelerate", "sample", "evaluate_fid", "reconstruct_ema"])
@@ -170,10 +175,11 @@ def test_every_clis_help_shows_its_defaults_and_no_empty_one(script, capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "[default ]" not in text and "[default ()]" not in text
     expected = {
-        "train_accelerate": ["sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10) --ema_snapshot_steps",
-                             "[default 5000]"],
+        "train_accelerate": ["sigma_rel of power-function EMAs kept for post-hoc EMA (EDM2: 0.05 0.10) "
+                             "--ema_snapshot_steps", "[default 5000]"],
         "sample": ["images to generate (indices 0 .. N-1) [default 10000; --like_run: the run's eval_num_images]",
-                   "[default ddpm]", "[default: the accelerate config's choice; --like_run: the run's mixed_precision]"],
+                   "[default ddpm]",
+                   "[default: the accelerate config's choice; --like_run: the run's mixed_precision]"],
         "evaluate_fid": ["[default clean; --like_run: the run's eval_mode]", "images per feature-network batch "
                          "[default 250]", "[default: all; --like_run: the run's eval_ref_num_images]"],
         "reconstruct_ema": ["[default: the last snapshot]", "[default: run_dir/phema-<sigma>]"],

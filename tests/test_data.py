@@ -44,7 +44,8 @@ def test_batches_follow_the_benchmark_protocols_pipeline(image_folder):
     imgs = decode_all(open_entries(cfg_for(image_folder)), 16)
     flip = torch.tensor([False, True])
     x = to_model_input(imgs[:2], flip, 16)
-    ref = F.interpolate(imgs[:2].float(), size=(16, 16), mode="bilinear", antialias=True, align_corners=False) / 127.5 - 1
+    ref = F.interpolate(imgs[:2].float(), size=(16, 16), mode="bilinear", antialias=True,
+                        align_corners=False) / 127.5 - 1
     assert torch.allclose(x[0], ref[0]) and torch.allclose(x[1], ref[1].flip(2))
     assert x.min() >= -1 and x.max() <= 1
 
@@ -63,7 +64,8 @@ def _global_batch(n_images, layout: Layout, step: int, cfg) -> tuple[list, list]
     idx, flip = [], []
     for micro in range(layout.accum):
         for rank in range(layout.world_size):
-            data = TrainData(cfg, layout, rank, torch.device("cpu"), images=torch.zeros(n_images, 3, 2, 2, dtype=torch.uint8))
+            data = TrainData(cfg, layout, rank, torch.device("cpu"),
+                             images=torch.zeros(n_images, 3, 2, 2, dtype=torch.uint8))
             i, f = data.indices(step, micro)
             idx += i.tolist()
             flip += f.tolist()

@@ -24,7 +24,7 @@ from adaptive.rundir import lock_output_dir, run_secrets, scrubbed_command
 from conftest import ACCELERATE, ROOT, run_cli, tiny_args, write_pooled_features
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from drill.harness import SilentHub  # noqa: E402  (the never-answering Hub endpoint the drill uses too)
+from drill.harness import SilentHub, rank_pids  # noqa: E402  (the drill's never-answering Hub, a launch's ranks)
 
 SECRET, ENV_SECRET = "hf_FaultsTestSecretToken0123456789", "hf_FaultsTestEnvToken9876543210"
 
@@ -102,8 +102,8 @@ def test_2_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path, image
     run = tmp_path / "run"
     proc = run_cli("train_accelerate.py", tiny_args(
         image_folder, run, "--learning_rate", "1e4", "--max_grad_norm", "0", "--lr_warmup_steps", "0",
-        "--max_train_steps", "30", "--checkpointing_steps", "1", "--checkpoints_total_limit", "1", "--logging_steps", "1",
-        "--save_images_steps", "none"), check=False)
+        "--max_train_steps", "30", "--checkpointing_steps", "1", "--checkpoints_total_limit", "1",
+        "--logging_steps", "1", "--save_images_steps", "none"), check=False)
     line = one_line_error(proc, 4, "training diverged:")
     assert " step " in line and "nothing was saved from non-finite weights" in line
     assert not (run / "model_index.json").exists() and not (run / "export.json").exists()
@@ -203,21 +203,6 @@ def test_5_resume_latest_refuses_when_every_checkpoint_is_broken(trained, tmp_pa
 # ---------------------------------------------------------------------------------------------- hangs
 
 
-def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
-    """{rank: pid} of the worker processes of an `accelerate launch`."""
-    found = {}
-    for task in Path(f"/proc/{launcher.pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            ranks = [int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"RANK=")]
-            if ranks:
-                found[ranks[0]] = int(pid)
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
 def test_7_a_stopped_or_dead_rank_ends_the_launch_within_the_ddp_timeout(tmp_path, image_folder, fault):
@@ -227,7 +212,8 @@ def test_7_a_stopped_or_dead_rank_ends_the_launch_within_the_ddp_timeout(tmp_pat
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
     args = tiny_args(image_folder, run, "--max_train_steps", "100000", "--checkpointing_steps", "100000",
                      "--logging_steps", "1", "--save_images_steps", "none", "--ddp_timeout_minutes", "0.2")
-    launcher = subprocess.Popen([ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
+    launcher = subprocess.Popen([ACCELERATE, "launch",
+                                 "--config_file", str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
                                  "--num_processes", "2", "train_accelerate.py", *args], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ranks = {}
@@ -494,7 +480,8 @@ def test_30_9_evaluate_scores_two_or_three_images_without_precision_recall():
     ref = {"name": "r", "mu": ref_feats.mean(0), "sigma": np.cov(ref_feats, rowvar=False), "feats": ref_feats}
     for n in (2, 3):
         out = score(rng.normal(size=(n, 2)), ref, "fd")
-        assert np.isfinite(out["fd"]) and out["precision"] is None and "need at least 4" in out["null_reasons"]["recall"]
+        assert np.isfinite(out["fd"]) and out["precision"] is None \
+            and "need at least 4" in out["null_reasons"]["recall"]
 
 
 def test_30_9_reconstruct_ema_bad_output_config_or_snapshot_is_one_line(tmp_path, capsys):
@@ -522,7 +509,8 @@ def test_30_9_reconstruct_ema_bad_output_config_or_snapshot_is_one_line(tmp_path
 
 
 @pytest.mark.slow
-def test_30_10_latest_without_the_runs_config_json_takes_its_newest_checkpoints(trained, tmp_path, capsys, image_folder):
+def test_30_10_latest_without_the_runs_config_json_takes_its_newest_checkpoints(trained, tmp_path, capsys,
+                                                                                 image_folder):
     run, _ = fresh(trained, tmp_path)
     (run / "config.json").unlink()
     code = main_of_train(["--output_dir", str(run), "--train_data_dir", str(image_folder), "--resume_from_checkpoint",
@@ -854,11 +842,13 @@ def test_16_reconstruct_ema_refuses_to_overwrite_the_runs_export_without_overwri
     assert "already holds a pipeline" in capsys.readouterr().err
     assert reconstruct_ema.main(["--run_dir", str(run), "--sigma_rel", "0.08", "--output_dir", str(run),
                                  "--overwrite"]) == 0
-    assert snapshot(run)["unet/diffusion_pytorch_model.safetensors"] != before["unet/diffusion_pytorch_model.safetensors"]
+    assert snapshot(run)["unet/diffusion_pytorch_model.safetensors"] != \
+        before["unet/diffusion_pytorch_model.safetensors"]
 
 
 def test_an_existing_output_file_may_be_replaced_but_not_written_through(tmp_path):
-    """--output of evaluate_fid.py names a file: an existing one is replaced (a rerun), a file used as a folder is not."""
+    """--output of evaluate_fid.py names a file: an existing one is replaced (a rerun), a file used as a folder is
+    not."""
     from adaptive.config import ConfigError
     from adaptive.faults import check_output_path
 

@@ -89,7 +89,8 @@ def test_two_writers_of_one_reference_file_both_succeed_and_leave_a_complete_fil
     assert [p.name for p in tmp_path.iterdir()] == ["ref.npz"]
     umask = os.umask(0)
     os.umask(umask)
-    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() creates it: a shared --cache_dir stays readable
+    # as a plain open() creates it: a shared --cache_dir stays readable
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_precision_recall_of_identical_and_of_far_apart_sets():
@@ -167,9 +168,9 @@ def test_in_training_evaluation_and_evaluate_fid_give_the_same_fd_for_the_same_i
     from adaptive.image_sampler import ddpm_sample
     from adaptive.model import build_noise_scheduler, build_unet
 
-    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "train_data_dir": str(sets["a"]), "eval_feature_extractor": str(extractor),
-                         "eval_num_images": 20, "eval_inference_steps": 3, "eval_ref_num_images": 24,
-                         "cache_dir": str(tmp_path / "cache"), "eval_at_steps": (1,)})
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "train_data_dir": str(sets["a"]),
+                         "eval_feature_extractor": str(extractor), "eval_num_images": 20, "eval_inference_steps": 3,
+                         "eval_ref_num_images": 24, "cache_dir": str(tmp_path / "cache"), "eval_at_steps": (1,)})
     acc = SimpleNamespace(device=torch.device("cpu"), process_index=0, num_processes=1, is_main_process=True,
                           autocast=nullcontext, main_process_first=nullcontext)
     torch.manual_seed(0)
@@ -211,10 +212,11 @@ def test_like_run_reproduces_the_logged_score_bit_for_bit(tmp_path, image_folder
     logged = [json.loads(line) for line in (run / "stats.jsonl").read_text().splitlines() if "proxy_fd" in line]
     assert [r["step"] for r in logged] == [2]
     samples = tmp_path / "samples"
-    run_cli("sample.py", ["--model_path", str(run / "checkpoint-2"), "--like_run", str(run), "--output_dir", str(samples)])
+    run_cli("sample.py", ["--model_path", str(run / "checkpoint-2"), "--like_run", str(run),
+                          "--output_dir", str(samples)])
     made = json.loads((samples / "sampling.json").read_text())
-    assert (made["num_images"], made["seed_offset"], made["num_inference_steps"], made["scheduler"]) == (6, 1_000_000, 3,
-                                                                                                         "ddpm")
+    assert (made["num_images"], made["seed_offset"], made["num_inference_steps"], made["scheduler"]) == \
+        (6, 1_000_000, 3, "ddpm")
     assert _evaluate("--samples", samples, "--like_run", run, "--output", tmp_path / "m.json") == 0
     scored = json.loads((tmp_path / "m.json").read_text())
     assert scored["proxy_fd"] == logged[0]["proxy_fd"]  # bit for bit
@@ -283,7 +285,8 @@ def test_reference_from_a_dataset_equals_the_same_images_as_files(tmp_path, sets
     import adaptive.data
 
     arr = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in sorted(sets["a"].rglob("*.png"))])
-    monkeypatch.setattr(adaptive.data, "open_entries", lambda cfg, **kw: adaptive.data.ArrayEntries(arr, "fake dataset"))
+    monkeypatch.setattr(adaptive.data, "open_entries",
+                        lambda cfg, **kw: adaptive.data.ArrayEntries(arr, "fake dataset"))
     out = tmp_path / "m.json"
     assert _evaluate("--samples", sets["a"], "--num_images", "40", "--feature_extractor", extractor, "--ref_dataset",
                      "fake", "--cache_dir", tmp_path / "cache", "--output", out) == 0

@@ -266,7 +266,8 @@ def test_upload_patterns_select_the_pipeline_and_card():
     from huggingface_hub.utils import filter_repo_objects
 
     paths = [*PIPELINE_FILES, *CHECKPOINT_FILES, *PRIVATE_FILES, "checkpoint-10/logs/x", "unet/weights.safetensors.tmp"]
-    for push_checkpoints, expected in [(False, set(PIPELINE_FILES)), (True, set(PIPELINE_FILES) | set(CHECKPOINT_FILES))]:
+    for push_checkpoints, expected in [(False, set(PIPELINE_FILES)),
+                                       (True, set(PIPELINE_FILES) | set(CHECKPOINT_FILES))]:
         allow, ignore = upload_patterns(push_checkpoints)
         assert set(filter_repo_objects(paths, allow_patterns=allow, ignore_patterns=ignore)) == expected
     assert upload_patterns(False)[1] is not upload_patterns(False)[1]  # fresh lists: upload_folder extends them
@@ -437,7 +438,7 @@ def test_30_7_a_request_sent_without_a_timeout_gets_the_clients(hub):
     assert time.perf_counter() - t0 < 5 and "Timeout" in type(e.value).__name__, e.value
 
 
-# ---------------------------------------------------------------------------------------------- early check (issue 16.7)
+# --------------------------------------------------------------------------------------------- early check (issue 16.7)
 
 
 READ_ONLY = {"type": "user", "name": "someone", "orgs": [],

@@ -1,4 +1,5 @@
-"""Post-hoc EMA (Karras et al. 2024): profile algebra, reconstruction accuracy, and the reconstruct_ema.py round trip."""
+"""Post-hoc EMA (Karras et al. 2024): profile algebra, reconstruction accuracy, and the reconstruct_ema.py round
+trip."""
 
 from __future__ import annotations
 

@@ -64,8 +64,8 @@ def test_exact_resume_is_bit_identical(tmp_path, image_folder, nproc):
     same_state(straight / "checkpoint-6", split / "checkpoint-6")
     same_state(straight / "checkpoint-3", split / "checkpoint-3")
     # the run log of the resumed run matches the straight one (records after the resume point were rewritten)
-    recs = lambda d: [(r["step"], r["loss"]) for r in map(json.loads, (d / "stats.jsonl").read_text().splitlines())  # noqa: E731
-                      if "loss" in r]
+    recs = lambda d: [(r["step"], r["loss"])  # noqa: E731
+                      for r in map(json.loads, (d / "stats.jsonl").read_text().splitlines()) if "loss" in r]
     assert recs(split) == recs(straight)
     if nproc == 2:
         names = {p.name for p in (split / "checkpoint-6").iterdir()}
@@ -118,7 +118,8 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_zero(tmp_path, 
     assert f"stopping after step {step}: received SIGTERM" in out
     assert not (run / "model_index.json").exists()  # preempted: no export, just the checkpoint
     proc2 = run_cli("train_accelerate.py", args[:args.index("--max_train_steps")] + STATEFUL +
-                    ["--max_train_steps", str(step + 2), "--checkpointing_steps", "100000", "--resume_from_checkpoint", "latest"])
+                    ["--max_train_steps", str(step + 2), "--checkpointing_steps", "100000",
+                     "--resume_from_checkpoint", "latest"])
     assert f"at step {step}" in proc2.stdout and (run / f"checkpoint-{step + 2}").is_dir()
 
 
@@ -157,7 +158,8 @@ def test_sigkill_at_random_points_then_resume_matches_the_straight_run(tmp_path,
 
 def test_explicit_corrupt_or_partial_checkpoint_is_refused(tmp_path, image_folder):
     run = tmp_path / "run"
-    run_cli("train_accelerate.py", tiny_args(image_folder, run, *STATEFUL, "--max_train_steps", "2", "--checkpointing_steps", "2"))
+    run_cli("train_accelerate.py", tiny_args(image_folder, run, *STATEFUL, "--max_train_steps", "2",
+                                             "--checkpointing_steps", "2"))
     (run / "checkpoint-2" / MANIFEST).unlink()
     proc = run_cli("train_accelerate.py", tiny_args(image_folder, run, *STATEFUL, "--max_train_steps", "4",
                                                     "--resume_from_checkpoint", str(run / "checkpoint-2")), check=False)
@@ -177,13 +179,15 @@ def test_export_round_trip_through_ddpm_pipeline(tmp_path, image_folder):
     from diffusers import DDPMPipeline
 
     run = tmp_path / "run"
-    run_cli("train_accelerate.py", tiny_args(image_folder, run, "--max_train_steps", "3", "--save_images_steps", "none"))
+    run_cli("train_accelerate.py", tiny_args(image_folder, run, "--max_train_steps", "3",
+                                             "--save_images_steps", "none"))
     pipe = DDPMPipeline.from_pretrained(run)
     assert (run / "unet" / "diffusion_pytorch_model.safetensors").is_file()
     ema = load_ema_weights(run / "checkpoint-3")
     for k, v in pipe.unet.state_dict().items():
         assert torch.equal(v, ema[k]), k  # the exported U-Net is the EMA
-    images = pipe(batch_size=2, num_inference_steps=3, generator=torch.Generator().manual_seed(0), output_type="np").images
+    images = pipe(batch_size=2, num_inference_steps=3, generator=torch.Generator().manual_seed(0),
+                  output_type="np").images
     assert images.shape == (2, 16, 16, 3) and images.min() >= 0 and images.max() <= 1
     from huggingface_hub import ModelCard
 
@@ -394,7 +398,8 @@ def test_a_fresh_start_names_its_folder_and_preset_and_a_replacement_says_so(tmp
     from adaptive.rundir import fresh_start_line
 
     cfg = SimpleNamespace(output_dir=str(tmp_path / "runs" / "ddpm"), overwrite_output_dir=False, preset="ddpm-cifar10")
-    assert fresh_start_line(cfg) == f"no checkpoint in {tmp_path / 'runs' / 'ddpm'}: starting from step 0 (preset ddpm-cifar10)"
+    assert fresh_start_line(cfg) == \
+        f"no checkpoint in {tmp_path / 'runs' / 'ddpm'}: starting from step 0 (preset ddpm-cifar10)"
     (tmp_path / "runs" / "ddpm" / "checkpoint-10").mkdir(parents=True)
     cfg.overwrite_output_dir = True
     assert fresh_start_line(cfg) == (f"--overwrite_output_dir: replacing the run in {tmp_path / 'runs' / 'ddpm'}, "

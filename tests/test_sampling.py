@@ -175,7 +175,8 @@ def test_sample_from_a_checkpoint_or_a_run_left_before_its_export(tmp_path, imag
     proc = run_cli("sample.py", ["--model_path", str(run), "--output_dir", str(tmp_path / "ckpt"), "--num_images", "2",
                                  "--num_inference_steps", "3", "--mixed_precision", "no"])
     assert "checkpoint-4, its newest valid checkpoint" in proc.stderr and ref.returncode == 0
-    assert all(np.array_equal(a, b) for a, b in zip(_pngs(tmp_path / "export").values(), _pngs(tmp_path / "ckpt").values()))
+    assert all(np.array_equal(a, b)
+               for a, b in zip(_pngs(tmp_path / "export").values(), _pngs(tmp_path / "ckpt").values()))
     raw = tmp_path / "raw"
     run_cli("sample.py", ["--model_path", str(run / "checkpoint-2"), "--weights", "raw", "--output_dir", str(raw),
                           "--num_images", "2", "--num_inference_steps", "3", "--mixed_precision", "no"])

@@ -52,7 +52,8 @@ IMPORTANCE = ["adaptive", "iddpm", "uniform"]  # m = lambda(t) / (T p_t): unbias
 @pytest.mark.parametrize("name, cfg_kw", [(n, {}) for n in IMPORTANCE] + [("adaptive", {"adaptive_balance": 0.0}),
                                                                           ("adaptive", {"adaptive_stratified": False}),
                                                                           ("adaptive", {"adaptive_loss_scale": 0.1}),
-                                                                          ("adaptive", {"adaptive_proposal_power": 0.5})])
+                                                                          ("adaptive",
+                                                                           {"adaptive_proposal_power": 0.5})])
 def test_importance_samplers_are_exactly_unbiased(name, cfg_kw):
     """sum_t p(t) w(t) f(t) = mean_t lambda(t) f(t) for arbitrary f (lambda = 1 unless the method declares its own
     objective), computed from the returned probabilities and weights; plus a seeded Monte-Carlo check via sample()."""
@@ -125,7 +126,8 @@ def test_min_snr_and_p2_weights_match_their_formulas():
     assert p2_eps_weight(s, 1.0, 1.0).tolist() == pytest.approx([1.0, 1 / 1.5, 1 / 6, 1 / 21, 1 / 10001])
     # x0 and v parameterisations (Hang et al. 2023): min(SNR, g) and min(SNR, g) / (SNR + 1)
     assert objective_weights(s[1:], "min_snr", "sample").tolist() == pytest.approx([0.5, 5.0, 5.0, 5.0])
-    assert objective_weights(s[1:], "min_snr", "v_prediction").tolist() == pytest.approx([0.5 / 1.5, 5 / 6, 5 / 21, 5 / 10001])
+    assert objective_weights(s[1:], "min_snr", "v_prediction").tolist() == \
+        pytest.approx([0.5 / 1.5, 5 / 6, 5 / 21, 5 / 10001])
     # P2 gamma=1 on the linear schedule, as quoted in the notes: w(0) ~ 1e-4, w(100) ~ 0.10, w(300) ~ 0.61
     cfg = TrainConfig(**PRESETS["cpu-tiny16"], loss_weighting="p2")
     tables = DiffusionTables.build(build_noise_scheduler(cfg).alphas_cumprod, cfg, "cpu")
@@ -208,7 +210,8 @@ def test_kim2025_pieces_match_the_paper_and_code():
 
     policy = BetaPolicy(16)
     a, b = policy(torch.randn(4, 3, 16, 16))
-    assert torch.allclose(a, torch.full((4,), 0.97410), atol=1e-4) and torch.allclose(b, a)  # Beta(0.974, 0.974) at init
+    # Beta(0.974, 0.974) at init
+    assert torch.allclose(a, torch.full((4,), 0.97410), atol=1e-4) and torch.allclose(b, a)
     g = torch.Generator().manual_seed(0)
     for alpha in (0.5, 0.974, 3.0):
         x = sample_gamma(torch.full((200_000,), alpha), g)

@@ -50,8 +50,8 @@ def test_ddp_and_gradient_accumulation_match_one_big_batch(tmp_path, image_folde
     adam_epsilon 1 makes the first Adam updates ~linear in the gradient (with eps ~ 0 they are lr * sign(g), which
     amplifies float rounding of near-zero gradients), so equal parameters mean equal gradients.
     """
-    common = ["--max_train_steps", "2", "--mixed_precision", "no", "--lr_scheduler", "constant", "--lr_warmup_steps", "0",
-              "--adam_epsilon", "1.0", "--learning_rate", "0.1",
+    common = ["--max_train_steps", "2", "--mixed_precision", "no", "--lr_scheduler", "constant",
+              "--lr_warmup_steps", "0", "--adam_epsilon", "1.0", "--learning_rate", "0.1",
               "--checkpointing_steps", "1", "--save_images_steps", "none", "--logging_steps", "1"]
     runs = {
         "big": (tiny_args(image_folder, tmp_path / "big", *common, "--train_batch_size", "8"), 1),
@@ -77,12 +77,14 @@ def test_ddp_and_gradient_accumulation_match_one_big_batch(tmp_path, image_folde
 
 
 def _snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_bad_input_never_touches_an_existing_run(tmp_path, image_folder):
     out = tmp_path / "run"
-    run_cli("train_accelerate.py", tiny_args(image_folder, out, "--max_train_steps", "2", "--save_images_steps", "none"))
+    run_cli("train_accelerate.py", tiny_args(image_folder, out, "--max_train_steps", "2",
+                                             "--save_images_steps", "none"))
     before = _snapshot(out)
     corrupt = tmp_path / "corrupt"
     (corrupt / "a").mkdir(parents=True)
@@ -110,8 +112,9 @@ def test_kim2025_policy_updates_inside_real_training(tmp_path, image_folder):
     from adaptive.checkpoint import load_object_state
 
     out = tmp_path / "kim"
-    run_cli("train_accelerate.py", tiny_args(image_folder, out, "--timestep_sampler", "kim2025", "--max_train_steps", "41",
-                                            "--save_images_steps", "none", "--logging_steps", "41"))
+    run_cli("train_accelerate.py", tiny_args(image_folder, out, "--timestep_sampler", "kim2025",
+                                             "--max_train_steps", "41", "--save_images_steps", "none",
+                                             "--logging_steps", "41"))
     state = load_object_state(out / "checkpoint-41" / "training_state.pt")["sampler"]
     assert state["updates"] == 2 and state["filled"] == 2  # steps 0 and 40
     assert state["buffer_x"][:2].abs().sum() > 0
@@ -119,7 +122,8 @@ def test_kim2025_policy_updates_inside_real_training(tmp_path, image_folder):
 
 
 def test_in_training_evaluation_and_the_wall_clock_budget(tmp_path, image_folder):
-    """--eval_at_steps writes proxy-FD records with the training wall-clock; --max_train_minutes stops, saves, exports."""
+    """--eval_at_steps writes proxy-FD records with the training wall-clock; --max_train_minutes stops, saves,
+    exports."""
     feat = write_pooled_features(tmp_path / "feat.pt")
     out = tmp_path / "run"
     proc = run_cli("train_accelerate.py", tiny_args(

@@ -132,7 +132,8 @@ class AdaptiveSampler(TimestepSampler):
         self.proposal_kind = proposal
         self.proposal_power = float(proposal_power)
         # The loss scale s: Adam is invariant to it, gradient clipping is not. None = the clip-anchored rule (s from
-        # the measured gradient norm, clip_anchored_scale); a number fixes s (the hand-set constant of earlier versions).
+        # the measured gradient norm, clip_anchored_scale); a number fixes s (the hand-set constant of earlier
+        # versions).
         self.fixed_scale = None if loss_scale is None else float(loss_scale)
         self.max_grad_norm = float(max_grad_norm)
         self.scale = torch.ones((), device=self.device)  # s, set at the end of the warm-up (see observe)
@@ -307,10 +308,12 @@ class AdaptiveSampler(TimestepSampler):
 
     def describe(self):
         return {**super().describe(), "balance": self.beta0, "balance_final": self.beta1,
-                "anneal_fraction": self.anneal, "weight_floor": self.floor, "bins": self.num_bins, "uniform_mix": self.uniform_mix,
-                "ema": self.rate, "warmup_steps": self.warmup, "stratified": self.stratified, "normalize": self.normalize,
+                "anneal_fraction": self.anneal, "weight_floor": self.floor, "bins": self.num_bins,
+                "uniform_mix": self.uniform_mix, "ema": self.rate, "warmup_steps": self.warmup,
+                "stratified": self.stratified, "normalize": self.normalize,
                 "loss_scale": "clip-anchored rule" if self.fixed_scale is None else self.fixed_scale,
                 "proposal": self.proposal_kind, "proposal_power": self.proposal_power,
                 "objective": ("(1/T) sum_t lambda(t) w(t) E[MSE_t], lambda(t) = E[L_t]^-beta / mean, beta = "
-                              f"{self.beta0:g} -> {self.beta1:g} over {self.anneal:g} of the run (online, EDM2-style balance)") if self.changes_objective else
+                              f"{self.beta0:g} -> {self.beta1:g} over {self.anneal:g} of the run "
+                              "(online, EDM2-style balance)") if self.changes_objective else
                 "configured objective E_t~U[w(t) MSE_t], unbiased, rescaled by a global factor"}

@@ -47,7 +47,8 @@ class DrawRequest:
     global_batch: int  # G = per-device batch x ranks x accumulation steps
     slices: tuple[slice, ...]  # this rank's micro-batches' rows of the global draw, in micro-step order
     generator: torch.Generator  # seeded from (seed, step): identical on every rank
-    micro_generator: Optional[Callable[[int], torch.Generator]] = None  # micro-step -> its own (seed, step, micro, rank)
+    # micro-step -> its own (seed, step, micro, rank)
+    micro_generator: Optional[Callable[[int], torch.Generator]] = None
     step: Optional[int] = None  # optimizer step
     fraction: Optional[float] = None  # share of the run done (steps, or the spent wall-clock budget)
     batch: Optional[Sequence[torch.Tensor]] = None  # this rank's micro-batches x0 [B, 3, S, S] in [-1, 1]
@@ -116,7 +117,8 @@ class TimestepSampler:
     update_period = 1  # optimizer steps between its occasional extra work (a cost measurement spans whole periods)
     Options: type = NoOptions  # its settings: a frozen dataclass of fields.setting(...), flags of the same names
 
-    def __init__(self, num_timesteps: int, device: torch.device | str = "cpu", tables: Optional[DiffusionTables] = None):
+    def __init__(self, num_timesteps: int, device: torch.device | str = "cpu",
+                 tables: Optional[DiffusionTables] = None):
         self.num_timesteps = num_timesteps
         self.device = torch.device(device)
         self.tables = tables  # DiffusionTables (snr, objective weight per t) or None

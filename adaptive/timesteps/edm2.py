@@ -43,7 +43,8 @@ class EDM2UncertaintySampler(UniformSampler):
 
     def __init__(self, num_timesteps, device="cpu", tables=None, *, lr: float = 1e-2):
         super().__init__(num_timesteps, device, tables)
-        self.u = torch.zeros(self.num_bins, device=self.device, requires_grad=True)  # log-variance per bin; EDM2 starts at 0
+        # log-variance per bin; EDM2 starts at 0
+        self.u = torch.zeros(self.num_bins, device=self.device, requires_grad=True)
         self.opt = torch.optim.Adam([self.u], lr=lr, betas=(0.9, 0.99), eps=1e-8)
 
     @classmethod
@@ -84,4 +85,5 @@ class EDM2UncertaintySampler(UniformSampler):
             group["lr"] = self.opt.defaults["lr"]
 
     def describe(self):
-        return {**super().describe(), "objective": "sum_t w(t) MSE_t / e^{u_t}, u_t -> log E[w(t) MSE_t] (EDM2 balance)"}
+        return {**super().describe(),
+                "objective": "sum_t w(t) MSE_t / e^{u_t}, u_t -> log E[w(t) MSE_t] (EDM2 balance)"}

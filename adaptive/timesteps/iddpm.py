@@ -1,4 +1,5 @@
-"""Improved-DDPM loss-second-moment importance sampling (Nichol & Dhariwal 2021, Sec. 3.3, LossSecondMomentResampler)."""
+"""Improved-DDPM loss-second-moment importance sampling (Nichol & Dhariwal 2021, Sec. 3.3,
+LossSecondMomentResampler)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from .base import TimestepSampler
 from .registry import register
 
 
-def iddpm_probabilities(history: torch.Tensor, counts: torch.Tensor, history_len: int, uniform_prob: float) -> torch.Tensor:
+def iddpm_probabilities(history: torch.Tensor, counts: torch.Tensor, history_len: int,
+                        uniform_prob: float) -> torch.Tensor:
     """p_t = (1 - u) sqrt(E[L_t^2]) / sum + u / T once every t has a full history, else uniform (ibid., eq. 16)."""
     T = history.shape[0]
     if not bool((counts >= history_len).all()):  # host check of a [T] bool: only while warming up, see observe()
@@ -63,7 +65,8 @@ class IDDPMSampler(TimestepSampler):
             self.warm = bool((self.counts >= self.history_len).all())  # sync point: every 10 steps until warm
 
     def state_dict(self):
-        return {"history": self.history.clone(), "counts": self.counts.clone(), "warm": self.warm, "updates": self.updates}
+        return {"history": self.history.clone(), "counts": self.counts.clone(), "warm": self.warm,
+                "updates": self.updates}
 
     def load_state_dict(self, state):
         self.history.copy_(state["history"].to(self.device))

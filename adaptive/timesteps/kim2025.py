@@ -1,4 +1,5 @@
-"""Kim, Ki, Shim, Lee, "Adaptive Non-Uniform Timestep Sampling for Diffusion Model Training" (CVPR 2025, arXiv 2411.09998).
+"""Kim, Ki, Shim, Lee, "Adaptive Non-Uniform Timestep Sampling for Diffusion Model Training" (CVPR 2025,
+arXiv 2411.09998).
 
 A port of the behaviour of ku-dmlab/Adaptive-Timestep-Sampler (its intent where the published code is broken):
 - policy pi(t | x0): CNN (3->32->64->128 conv + max-pool) + MLP (2 x 256) -> (alpha, beta) = softplus + 1e-5, last
@@ -83,7 +84,8 @@ def sample_gamma(alpha: torch.Tensor, generator: torch.Generator, candidates: in
 
 
 def kl_coefficients(betas: torch.Tensor) -> torch.Tensor:
-    """c_t with KL_t = c_t ||eps - eps_hat||^2 / D + const, fixed-large variance (Ho et al. 2020, eq. 12; Kim's code)."""
+    """c_t with KL_t = c_t ||eps - eps_hat||^2 / D + const, fixed-large variance (Ho et al. 2020, eq. 12; Kim's
+    code)."""
     b = betas.double()
     a = 1 - b
     abar = torch.cumprod(a, 0)
@@ -147,7 +149,8 @@ class Kim2025Sampler(TimestepSampler):
         parts = [self.take(x0, request.micro_generator(i)) for i, x0 in enumerate(request.batch)]
         context = None
         if self.is_update_step(request.step):
-            context = PolicyDraw(request.step, tuple(x0.detach() for x0 in request.batch), tuple(u for _, _, u in parts))
+            context = PolicyDraw(request.step, tuple(x0.detach() for x0 in request.batch),
+                                 tuple(u for _, _, u in parts))
         return Draw(torch.cat([t for t, _, _ in parts]), torch.cat([m for _, m, _ in parts]), context)
 
     @torch.no_grad()
@@ -166,7 +169,8 @@ class Kim2025Sampler(TimestepSampler):
 
     def probabilities(self):
         """Mean of the discretised Beta densities of the last sampled batch (diagnostics)."""
-        grid = ((torch.arange(self.num_timesteps, device=self.device) + 0.5) / self.num_timesteps).clamp(EPS_U, 1 - EPS_U)
+        grid = ((torch.arange(self.num_timesteps, device=self.device) + 0.5)
+                / self.num_timesteps).clamp(EPS_U, 1 - EPS_U)
         a, b = self.last_ab[0][:64, None], self.last_ab[1][:64, None]
         dens = torch.distributions.Beta(a, b).log_prob(grid[None]).exp().mean(0)
         return dens / dens.sum()
@@ -197,7 +201,8 @@ class Kim2025Sampler(TimestepSampler):
 
             shared = broadcast(shared, from_process=0)
         per = -(-self.num_timesteps // acc.num_processes)
-        ts = torch.arange(acc.process_index * per, min(self.num_timesteps, (acc.process_index + 1) * per), device=self.device)
+        ts = torch.arange(acc.process_index * per, min(self.num_timesteps, (acc.process_index + 1) * per),
+                          device=self.device)
         ts = torch.cat([ts, ts.new_full((per - len(ts),), self.num_timesteps - 1)])  # pad to equal length
         g = make_generator(self.device, self.seed, "kim2025", drawn.step, phase, acc.process_index)
         kl_all = self._kl_terms(model, shared.expand(per, -1, -1, -1), ts, g, acc.autocast)

@@ -1,4 +1,5 @@
-"""What the user sees of the timestep sampler: its diagnostics as logged numbers, tracker scalars, and the p(t) heat-map.
+"""What the user sees of the timestep sampler: its diagnostics as logged numbers, tracker scalars, and the p(t)
+heat-map.
 
 Once per log step `TimestepReport.record(sampler, step)` turns `sampler.diagnostics()` into plain numbers with one
 host sync and keeps a row of the p(t) history; `save_heatmap` draws that history (matplotlib, Agg backend).
@@ -28,7 +29,8 @@ class TimestepReport:
         diag = sampler.diagnostics()
         p_fine = bin_sum(diag.pop("p"), HEATMAP_BINS)
         names = sorted(diag)
-        flat = torch.cat([diag[n].reshape(-1).float() for n in names] + [p_fine.float()]).tolist()  # sync point: log step
+        # sync point: log step
+        flat = torch.cat([diag[n].reshape(-1).float() for n in names] + [p_fine.float()]).tolist()
         out, pos = {}, 0
         for n in names:
             size = diag[n].numel()

@@ -1,4 +1,5 @@
-"""SpeeD (Wang et al., CVPR 2025, arXiv 2405.17403): asymmetric sampling, dual (mirrored) timesteps, change-aware weights.
+"""SpeeD (Wang et al., CVPR 2025, arXiv 2405.17403): asymmetric sampling, dual (mirrored) timesteps, change-aware
+weights.
 
 Ported from the live code path of NUS-HPC-AI-Lab/SpeeD (`Speed_IDDPM`), with the schedule-dependent constants derived
 from the configured betas instead of copied:
@@ -108,7 +109,8 @@ class SpeeDSampler(TimestepSampler):
         """Marginal of dual sampling for a per-device batch n: ((n//2+1) p(t) + (n//2-1) p_mirror(t)) / n."""
         n = self.per_device or 128
         n_orig, n_dual = n // 2 + 1, n - (n // 2 + 1)
-        mirror = torch.zeros_like(self.p).index_add_(0, (self.m - torch.arange(self.num_timesteps, device=self.device)).abs(), self.p)
+        mirror = torch.zeros_like(self.p).index_add_(
+            0, (self.m - torch.arange(self.num_timesteps, device=self.device)).abs(), self.p)
         return (n_orig * self.p + n_dual * mirror) / n
 
     def effective_weights(self):

@@ -71,25 +71,30 @@ def header(res: dict) -> list[str]:
                                                       "it was stopped.", ""])]
 
 
+def speed_table(title: str, header: str, runs: dict, cells) -> list[str]:
+    """One speed table: a row per preset and measured kind, `cells(preset, run, kind, measured)` its columns."""
+    L = [title, "", header, "|" + "---|" * (header.count("|") - 1)]
+    for preset, r in runs.items():
+        for kind, v in r.items():
+            if isinstance(v, dict):
+                L.append("| " + " | ".join(str(c) for c in cells(preset, r, kind, v)) + " |")
+    return L
+
+
 def speed_tables(res: dict) -> list[str]:
     """Training (ours vs the conventional loop) and sampling (ours vs DDPMPipeline)."""
-    L = ["## Training: our loop vs the conventional Diffusers-example loop", "", TRAIN_HEADER,
-         "|---|---|---|---|---|---|---|---|"]
-    for preset, r in res["train"].items():
-        for kind, v in r.items():
-            if isinstance(v, dict):
-                L.append(f"| {preset} | {r['batch']} | {kind.replace('train-', '')} | {v['mixed_precision']} | "
-                         f"{v['img_per_s']:.1f} | {v['speedup']:.2f}x | {v['first_call_seconds']:.1f} | "
-                         f"{v['peak_memory_mb']:.0f} |")
-    L += ["", "## Sampling: sample.py's path vs `DDPMPipeline(...)()` out of the box (same model, steps, batch)", "",
-          SAMPLE_HEADER, "|---|---|---|---|---|---|---|---|"]
-    for preset, r in res["sample"].items():
-        for kind, v in r.items():
-            if isinstance(v, dict):
-                L.append(f"| {preset} | {r['batch']} | {r['steps']} | {kind.replace('sample-', '')} | "
-                         f"{v['mixed_precision']} | {v['img_per_s']:.1f} | {v['speedup']:.2f}x | "
-                         f"{v['first_call_seconds']:.1f} |")
-    return L
+    def measured(v: dict) -> list[str]:
+        return [v["mixed_precision"], f"{v['img_per_s']:.1f}", f"{v['speedup']:.2f}x",
+                f"{v['first_call_seconds']:.1f}"]
+
+    train = speed_table("## Training: our loop vs the conventional Diffusers-example loop", TRAIN_HEADER, res["train"],
+                        lambda preset, r, kind, v: [preset, r["batch"], kind.replace("train-", ""), *measured(v),
+                                                    f"{v['peak_memory_mb']:.0f}"])
+    sample = speed_table("## Sampling: sample.py's path vs `DDPMPipeline(...)()` out of the box (same model, steps, "
+                         "batch)", SAMPLE_HEADER, res["sample"],
+                         lambda preset, r, kind, v: [preset, r["batch"], r["steps"], kind.replace("sample-", ""),
+                                                     *measured(v)])
+    return [*train, "", *sample]
 
 
 def cost_and_memory_tables(res: dict) -> list[str]:

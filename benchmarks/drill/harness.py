@@ -1,5 +1,6 @@
 """What every drill case uses: real CLI processes with a time limit, one record per case (category, case, clean, lost,
-hung, tracebacks), folder snapshots, the training-state digest, and a Hub endpoint that accepts and never answers."""
+hung, tracebacks), folder snapshots, the training-state digest, the ranks of an `accelerate launch`, and a Hub
+endpoint that accepts and never answers."""
 
 from __future__ import annotations
 
@@ -118,6 +119,21 @@ def wait_for_line(proc: subprocess.Popen, marker: str, limit: float = LIMIT) -> 
         if marker in line:
             break
     return lines
+
+
+def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of the worker processes of an `accelerate launch`."""
+    found = {}
+    for task in Path(f"/proc/{launcher.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ranks = [int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"RANK=")]
+            if ranks:
+                found[ranks[0]] = int(pid)
+    return found
 
 
 def snapshot(folder: Path) -> dict:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import LIMIT, ROOT, SECRET, Drill, finish_split, last_step, one_line, snapshot, wait_for_line
+from .harness import LIMIT, ROOT, SECRET, Drill, finish_split, last_step, one_line, rank_pids, snapshot, wait_for_line
 
 OVERWRITE = "overwrite x signals/failures"
 
@@ -186,17 +186,3 @@ def ddp_drill(d: Drill) -> None:
                  clean=1 in ranks and rc not in (0, None) and line is not None, hung=hung,
                  outputs=(out,), seconds=round(time.time() - t1), message=line)
 
-
-def rank_pids(launcher: subprocess.Popen) -> dict[int, int]:
-    """{rank: pid} of the worker processes of an `accelerate launch`."""
-    found = {}
-    for task in Path(f"/proc/{launcher.pid}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            ranks = [int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"RANK=")]
-            if ranks:
-                found[ranks[0]] = int(pid)
-    return found

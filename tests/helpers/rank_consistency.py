@@ -1,4 +1,5 @@
-"""Run under 2 gloo ranks: samplers updated from gathered losses hold identical state; gather order is the draw order."""
+"""Run under 2 gloo ranks: samplers updated from gathered losses hold identical state; gather order is the draw
+order."""
 
 import sys
 from pathlib import Path
