@@ -3,6 +3,8 @@ training weights with the run's noise schedule), a run folder without an export,
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 from .checkpoint import (MANIFEST, MODEL_FILE, checkpoint_step, find_latest, load_ema_weights, read_config,
@@ -12,7 +14,7 @@ from .hub_wait import hub_wait
 from .model import build_noise_scheduler, build_unet
 from .rundir import artifact
 
-__all__ = ["load_pipeline", "looks_local", "pipeline_from_checkpoint"]
+__all__ = ["load_from_hub", "load_pipeline", "looks_local", "pipeline_from_checkpoint", "real_cause"]
 
 
 def looks_local(model_path: str) -> bool:
@@ -27,8 +29,6 @@ def load_pipeline(model_path: str, weights: str = "ema", log=print):
     """A DDPMPipeline from anything a run leaves: an exported run folder, a checkpoint-<step> folder, a run folder
     without an export (its newest valid checkpoint, named in the log), or a Hub id. weights 'ema' (the exported /
     EMA U-Net) or 'raw' (the training weights of a checkpoint)."""
-    from diffusers import DDPMPipeline
-
     p = Path(model_path).expanduser()
     if p.is_dir():
         exported = artifact(p, "model_index").is_file()
@@ -44,14 +44,49 @@ def load_pipeline(model_path: str, weights: str = "ema", log=print):
         raise ConfigError(f"--model_path {model_path}: not found (no such folder; a Hub id is 'owner/name')")
     elif weights != "ema":
         raise ConfigError(f"--weights {weights} needs a local run or checkpoint folder, not {model_path!r}")
+    return load_from_hub(model_path)
+
+
+def load_from_hub(model_path: str):
+    """DDPMPipeline.from_pretrained(a Hub id), its wait bounded (hub_wait); a failure is one line with its real
+    cause (`real_cause`), without diffusers' multi-line 'will try to load from local cache' warning before it."""
+    from diffusers import DDPMPipeline
+    from huggingface_hub import constants
+
     try:
-        with hub_wait("--model_path", model_path):
+        with hub_wait("--model_path", model_path), quiet_logger("diffusers.pipelines.pipeline_utils"):
             return DDPMPipeline.from_pretrained(model_path)
     except ConfigError:
         raise
     except Exception as e:  # diffusers/huggingface_hub raise many types (OSError, EnvironmentError, HTTP errors)
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"cannot load a DDPMPipeline from {model_path!r}: {msg}") from None
+        raise ConfigError(f"--model_path {model_path}: cannot load a DDPMPipeline from the Hub at "
+                          f"{constants.ENDPOINT}: {real_cause(e)}") from None
+
+
+def real_cause(e: BaseException) -> str:
+    """A failed Hub load in one line: the error diffusers raised it from (a 404, a refused connection, offline
+    mode), since diffusers' own error only says 'check out the root cause in the stacktrace above' and none is shown."""
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    root = e.__cause__ or e
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()] or [type(root).__name__]
+    if isinstance(root, RepositoryNotFoundError):  # the Hub answers 401/404 alike for a missing or private repo
+        return f"{' '.join(lines[:2])} (a private or gated repo needs a login or HF_TOKEN)"
+    if isinstance(root, HfHubHTTPError):
+        return " ".join(lines[:2])  # 'NNN Client Error.' and what failed
+    return lines[0] if root is e else f"{type(root).__name__}: {lines[0]}"
+
+
+@contextmanager
+def quiet_logger(name: str):
+    """Only errors from the logger `name` inside the block."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def pipeline_from_checkpoint(ckpt: Path, weights: str = "ema"):

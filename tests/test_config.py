@@ -217,3 +217,26 @@ def test_like_run_fills_only_the_flags_not_given():
     assert (args.num_images, args.seed_offset, args.other) == (1000, 5, 1)  # the run's eval_num_images; the flag given
     args = fill_like_run(argparse.Namespace(num_images=None, seed_offset=None), table, None)
     assert (args.num_images, args.seed_offset) == (10_000, 0)  # no run: the defaults
+
+
+def test_like_run_takes_every_setting_of_the_runs_evaluation(tmp_path):
+    """Issue 29.2: sample.py --like_run takes the run's seeds, sampling steps, precision, image count, batch and
+    attention kernel (the sampler is DDPM ancestral, as the evaluation's); evaluate_fid.py --like_run its image count,
+    feature network, mode and reference subset. A flag given wins."""
+    import evaluate_fid
+    import sample
+
+    run = TrainConfig(**{**PRESETS["cpu-tiny16"], "eval_num_images": 37, "eval_seed_offset": 12345,
+                         "eval_inference_steps": 7, "eval_batch_size": 9, "mixed_precision": "fp16",
+                         "attention_impl": "classic", "eval_feature_extractor": "feat.pt",
+                         "eval_mode": "legacy_pytorch", "eval_ref_num_images": 321})
+    (tmp_path / "config.json").write_text(run.to_json())
+    s = sample.resolve_args(sample.parse_args(["--model_path", "m", "--output_dir", "o", "--like_run", str(tmp_path)]))
+    assert (s.num_images, s.seed_offset, s.num_inference_steps, s.batch_size, s.mixed_precision, s.attention_impl,
+            s.scheduler) == (37, 12345, 7, 9, "fp16", "classic", "ddpm")
+    given = sample.resolve_args(sample.parse_args(["--model_path", "m", "--output_dir", "o", "--like_run",
+                                                   str(tmp_path), "--num_inference_steps", "3"]))
+    assert (given.num_inference_steps, given.seed_offset) == (3, 12345)
+    e, loaded = evaluate_fid.resolve_args(evaluate_fid.parse_args(["--samples", "s", "--like_run", str(tmp_path)]))
+    assert (e.num_images, e.feature_extractor, e.mode, e.ref_num_images) == (37, "feat.pt", "legacy_pytorch", 321)
+    assert loaded == run  # and, with no reference given, the run's own (evaluate_fid.run_reference)

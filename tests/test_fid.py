@@ -217,6 +217,7 @@ def test_like_run_reproduces_the_logged_score_bit_for_bit(tmp_path, image_folder
     made = json.loads((samples / "sampling.json").read_text())
     assert (made["num_images"], made["seed_offset"], made["num_inference_steps"], made["scheduler"]) == \
         (6, 1_000_000, 3, "ddpm")
+    assert made["mixed_precision"] == json.loads((run / "config.json").read_text())["mixed_precision"]
     assert _evaluate("--samples", samples, "--like_run", run, "--output", tmp_path / "m.json") == 0
     scored = json.loads((tmp_path / "m.json").read_text())
     assert scored["proxy_fd"] == logged[0]["proxy_fd"]  # bit for bit
@@ -227,9 +228,11 @@ def test_like_run_reproduces_the_logged_score_bit_for_bit(tmp_path, image_folder
                           "--num_inference_steps", "3", "--mixed_precision", made["mixed_precision"]])
     capsys.readouterr()
     assert _evaluate("--samples", other, "--like_run", run, "--output", tmp_path / "o.json") == 0
+    err = capsys.readouterr().err
     assert ("warning: --samples were not made as --like_run's evaluation sampled (seed_offset 0 (the run's: "
-            "1000000)), so the score is not comparable with the logged one; make them with sample.py --like_run") \
-        in capsys.readouterr().err
+            "1000000)), so the score is not comparable with the logged one; make them with sample.py --like_run") in err
+    assert ("warning: --samples has 6 images, fewer than the 48 feature dimensions: its covariance is singular and the "
+            "Frechet distance unreliable") in err  # the in-training evaluation's warning above, word for word
     assert json.loads((tmp_path / "o.json").read_text())["proxy_fd"] != logged[0]["proxy_fd"]
 
 

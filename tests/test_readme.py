@@ -91,3 +91,15 @@ def test_the_dry_check_catches_a_drifted_flag():
         check(["python", "sample.py", "--model_path", "x", "--output_dir", "y", "--num_image", "3"], set())
     with pytest.raises(pytest.fail.Exception):
         check(["python", "train_accelerate.py", "--preset", "cpu-tiny", "--learning_rate", "-1"], set())
+
+
+def test_the_results_numbers_are_those_of_its_linked_table():
+    """Every decimal in README's Result (speed-ups, FDs) is in the committed table it links to, so the front page
+    cannot keep a number the table no longer holds."""
+    text = README.read_text()
+    result = text[text.index("## Result"):text.index("\n## ", text.index("## Result") + 1)]
+    tables = [ROOT / link for link in re.findall(r"\]\((docs/benchmarks/methods/[^)#]+/README\.md)\)", result)]
+    assert tables, "the Result links to no table under docs/benchmarks/methods/"
+    held = "\n".join(t.read_text() for t in tables)
+    numbers = re.findall(r"\d+\.\d+x?", result)
+    assert numbers and [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", held)] == []

@@ -217,3 +217,82 @@ def test_a_local_looking_model_path_that_does_not_exist_is_not_found_without_ask
         with pytest.raises(ConfigError, match=r"not found \(no such folder"):
             load_pipeline(path)
     assert not looks_local("google/ddpm-cifar10-32") and not looks_local("someone/tiny-ddpm")
+
+
+def _diffusers_failure(cause: Exception):
+    """DDPMPipeline.from_pretrained failing as diffusers' DiffusionPipeline.download does when the Hub lookup failed
+    and nothing is cached: an OSError that points at a stacktrace the user never sees, raised from the real cause."""
+    def from_pretrained(*args, **kwargs):
+        try:
+            raise cause
+        except Exception as e:
+            raise OSError("Cannot load model someone/ddpm: the model is not fully cached locally (...) and an error "
+                          "occurred while trying to fetch metadata from the Hub. Please check out the root cause in "
+                          "the stacktrace above.") from e
+
+    return from_pretrained
+
+
+def test_a_hub_id_that_fails_names_the_real_cause(monkeypatch):
+    """Issue 29.4: the one line names the innermost error (offline mode, a refused connection), not diffusers'
+    'check out the root cause in the stacktrace above'."""
+    from diffusers import DDPMPipeline
+    from huggingface_hub import constants
+    from huggingface_hub.errors import OfflineModeIsEnabled
+    from huggingface_hub.utils import httpx  # the HTTP client huggingface_hub and diffusers use
+
+    from adaptive.config import ConfigError
+    from adaptive.pipelines import load_pipeline
+
+    offline = "Cannot reach https://huggingface.co/api/models/someone/ddpm: offline mode is enabled."
+    for cause, said in ((OfflineModeIsEnabled(offline), f"OfflineModeIsEnabled: {offline}"),
+                        (httpx.ConnectError("[Errno 111] Connection refused"),
+                         "ConnectError: [Errno 111] Connection refused")):
+        monkeypatch.setattr(DDPMPipeline, "from_pretrained", _diffusers_failure(cause))
+        with pytest.raises(ConfigError) as e:
+            load_pipeline("someone/ddpm")
+        assert str(e.value) == ("--model_path someone/ddpm: cannot load a DDPMPipeline from the Hub at "
+                                f"{constants.ENDPOINT}: {said}")
+
+
+@pytest.fixture
+def hub_without_repos():
+    """A Hub endpoint that answers every request as huggingface.co answers for a repo that does not exist."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"error": "Repository not found"}'
+            self.send_response(404)
+            for name, value in (("Content-Type", "application/json"), ("X-Error-Code", "RepoNotFound"),
+                                ("Content-Length", str(len(body)))):
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.slow
+def test_a_hub_id_that_does_not_exist_is_one_line_naming_the_404(hub_without_repos, tmp_path):
+    """Issue 29.4, end to end through diffusers and huggingface_hub: exit 2 and exactly one stderr line."""
+    url = hub_without_repos
+    proc = run_cli("sample.py", ["--model_path", "someone/missing", "--output_dir", str(tmp_path / "s")], check=False,
+                   env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf"),
+                        "NO_PROXY": "127.0.0.1,localhost"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"sample.py: error: --model_path someone/missing: cannot load a DDPMPipeline from the Hub at {url}: 404 Client "
+        f"Error. Repository Not Found for url: {url}/api/models/someone/missing. (a private or gated repo needs a "
+        "login or HF_TOKEN)"]
+    assert not (tmp_path / "s").exists()
