@@ -660,6 +660,25 @@ def test_run_signals_tabulates_the_logged_signals_at_the_requested_steps(tmp_pat
     assert "give the resolution as PATH@RESOLUTION" in capsys.readouterr().err
 
 
+def test_suite_times_compares_the_tests_both_runs_hold(tmp_path, capsys):
+    import suite_times
+
+    def junit(path, cases):
+        path.write_text("<testsuites><testsuite>" + "".join(
+            f'<testcase classname="tests.t" name="{n}" time="{t}"/>' for n, t in cases) + "</testsuite></testsuites>")
+        return str(path)
+
+    before = junit(tmp_path / "a.xml", [("test_a", 10), ("test_b", 5), ("test_gone", 1)])
+    after = junit(tmp_path / "b.xml", [("test_a", 12), ("test_b", 4), ("test_new", 7)])
+    assert suite_times.main([before, after]) == 0
+    out = capsys.readouterr().out
+    assert "in both: 2 tests, before 15 s, after 16 s" in out and "only after: 1 tests, 7 s" in out
+    assert "  +2.0 s tests.t::test_a" in out
+    assert suite_times.main([before, after, "--except", "test_a"]) == 0
+    assert "in both (except test_a): 1 tests, before 5 s, after 4 s" in capsys.readouterr().out
+    assert suite_times.main([before, str(tmp_path / "missing.xml")]) == 2
+
+
 def test_error_spectrum_bands_split_the_power_exactly():
     import torch
     from error_spectrum import BAND_NAMES, band_power, radial_band
