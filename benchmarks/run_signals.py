@@ -26,20 +26,14 @@ import json
 import sys
 from pathlib import Path
 
+from grad_norms import read_windows as read_training_windows  # a sibling script (benchmarks/ on sys.path)
+
 HIGH_NOISE_FROM_BIN = 7  # bins of 100 timesteps: 7, 8, 9 are t >= 700
 
 
 def read_windows(path: Path) -> list[dict]:
-    """The training-statistics records of one stats.jsonl (evaluation records and torn lines skipped)."""
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "loss_by_t" in r and "step" in r:
-            rows.append(r)
-    return rows
+    """The training-statistics records of one stats.jsonl that log the loss by timestep bin."""
+    return [r for r in read_training_windows(path) if "loss_by_t" in r]
 
 
 def resolve(spec: str) -> tuple[str, Path, int]:
