@@ -77,6 +77,9 @@ def parse_args(argv=None):
     p.add_argument("--budget_minutes", type=float, default=20.0, help="wallclock mode: minutes per run")
     p.add_argument("--budget_steps", type=int, default=None, help="default 2000 (16 px) or B (32 px)")
     p.add_argument("--checkpointing_steps", type=int, default=250)
+    p.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default="no",
+                   help="every run's and the cost measurement's precision (PROTOCOL.md v3: no = fp32 on every CPU; "
+                        "the presets' bf16 is emulated ~10x slower on a CPU without native bf16)")
     p.add_argument("--cost_blocks", type=int, default=5)
     p.add_argument("--cost_block_steps", type=int, default=20,
                    help="steps per block (at least a method's update period: kim2025's 40)")
@@ -85,7 +88,9 @@ def parse_args(argv=None):
     p.add_argument("--report_only", action="store_true", help="only rebuild the report from finished runs")
     p.add_argument("--quick", action="store_true", help="smoke test on generated data (CI)")
     p.add_argument("extra", nargs="*", help="extra train_accelerate.py flags after --, applied to every run")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.extra = ["--mixed_precision", args.mixed_precision, *args.extra]  # a flag after -- still overrides it
+    return args
 
 
 def missing_input(args) -> str | None:
@@ -105,7 +110,8 @@ def table_meta(args, argv, pl, date: str, this_hash: str, rows: list[dict], excl
             "budget_steps": pl.budget, "eval_points": list(pl.points), "preset": pl.preset, "table": pl.table,
             "reference": pl.reference, "baselines": pl.baselines, "tuned": pl.tuned,
             "tuned_file": str(args.tuned_file) if args.tuned_file else None, "excluded": excluded,
-            "protocol": "shared/benchmark/PROTOCOL.md", "quick": args.quick}
+            "protocol": "shared/benchmark/PROTOCOL.md", "quick": args.quick,
+            "mixed_precision": args.mixed_precision}
 
 
 def main(argv=None) -> int:

@@ -141,6 +141,22 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     assert ["--adaptive_proposal", "uniform", "--no-adaptive_stratified"] == ABLATIONS["abl-norm-only"][-3:]
 
 
+def test_every_run_and_cost_measurement_trains_in_the_protocol_precision_unless_told_otherwise(tmp_path):
+    """PROTOCOL.md v3 trains in fp32 on every CPU; the presets say bf16, so the benchmark must pass it to every run."""
+    from bench.farm import train_command
+    from train_accelerate import parse_args as train_args
+
+    def precision(argv):
+        args = parse_args(argv)
+        args.tuned, args.preset = None, "cpu-tiny16"
+        cmd = train_command("uniform", 0, tmp_path, 2000, [500, 1000], args)
+        return train_args(cmd[2:]).mixed_precision, args.extra
+
+    assert precision([]) == ("no", ["--mixed_precision", "no"])  # the cost measurement gets args.extra too
+    assert precision(["--mixed_precision", "bf16"])[0] == "bf16"
+    assert precision(["--", "--mixed_precision", "bf16"])[0] == "bf16"  # a flag after -- wins, as before
+
+
 @pytest.mark.slow
 def test_quick_mode_runs_every_stage(tmp_path):
     from conftest import PRECISION_FLAGS, run_cli
@@ -153,6 +169,10 @@ def test_quick_mode_runs_every_stage(tmp_path):
     assert {r["method"] for r in res["rows"]} == {"uniform", "adaptive"}
     assert all(len(r["evals"]) == 2 and r["git_commit"] and r["code_hash"] for r in res["rows"])
     assert res["machine"]["cpu"] and res["versions"]["torch"]
+    if not PRECISION_FLAGS:  # no flag after --: both runs trained in the protocol's fp32, not the preset's bf16
+        assert res["mixed_precision"] == "no"
+        assert {json.loads((work / "runs" / f"{m}_seed0" / "config.json").read_text())["mixed_precision"]
+                for m in ("uniform", "adaptive")} == {"no"}
     assert (out / "fd_vs_time.png").stat().st_size > 1000
     table = (out / "README.md").read_text()
     assert "| uniform |" in table and "| adaptive |" in table and "QUICK SMOKE TEST" in table
