@@ -14,8 +14,8 @@ ROOT = __import__("conftest").ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench.costs import costs_to_measure  # noqa: E402
 from bench.plans import make_plan  # noqa: E402
-from bench.protocol import (ABLATIONS, METHODS, calibration_budget, grid_name, grid_variants, plan,  # noqa: E402
-                            recheck_points, used_ratio, variants)
+from bench.protocol import (ABLATIONS, CLAIM_METHODS, METHODS, calibration_budget, grid_name,  # noqa: E402
+                            grid_variants, plan, recheck_points, used_ratio, variants)
 from bench.report import bar_verdict, render_stored  # noqa: E402
 from bench.summary import aggregate, interpolate_crossing, select_tuned  # noqa: E402
 from compare_methods import parse_args  # noqa: E402
@@ -139,6 +139,25 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     # every ablation row is `adaptive` with parts switched off, and shares adaptive's measured cost ratio
     assert all(variants()[n][0] == "adaptive" and "adaptive" in variants()[n][1] for n in ABLATIONS)
     assert ["--adaptive_proposal", "uniform", "--no-adaptive_stratified"] == ABLATIONS["abl-norm-only"][-3:]
+
+
+def test_a_claim_table_runs_the_protocol_s_methods_at_each_resolution(tmp_path, monkeypatch):
+    import bench.plans
+
+    monkeypatch.setattr(bench.plans, "dirty", lambda: False)  # a claim runs on a committed, clean tree
+    tuned, cal = tmp_path / "t.json", tmp_path / "c.json"
+    tuned.write_text(json.dumps({"learning_rate": 2e-3, "adam_beta2": 0.99}))
+    cal.write_text(json.dumps({"budget": 6000}))
+    claim = ["--claim", "--seeds", "10", "11", "12", "--tuned", str(tuned)]
+    assert make_plan(parse_args(claim)).methods == ["uniform-tuned", "adaptive", "min_snr", "iddpm",
+                                                    "edm2_uncertainty"]
+    px32 = make_plan(parse_args([*claim, "--protocol", "32", "--calibration", str(cal)]))
+    assert px32.methods == ["uniform-tuned", "adaptive", "min_snr"] and px32.preset == "cpu-tiny"
+    assert "p2" in make_plan(parse_args([*claim, "--methods", *CLAIM_METHODS["16"], "p2"])).methods  # added: fine
+    with pytest.raises(ValueError, match="iddpm, edm2_uncertainty left out"):
+        make_plan(parse_args([*claim, "--methods", "uniform-tuned", "adaptive", "min_snr"]))
+    with pytest.raises(ValueError, match="give --tuned for uniform-tuned"):
+        make_plan(parse_args(claim[:-2]))
 
 
 def test_every_run_and_cost_measurement_trains_in_the_protocol_precision_unless_told_otherwise(tmp_path):

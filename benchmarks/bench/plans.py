@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .protocol import (ABLATIONS, BUDGET, CALIBRATION_STEPS, CLAIM_SEEDS, EVAL_POINTS, LONG_POINTS, LONG_STEPS,
-                       METHODS, TUNING_SEED, UNDER_TEST, grid_name, grid_variants, recheck_points, variants)
+from .protocol import (ABLATIONS, BUDGET, CALIBRATION_STEPS, CLAIM_METHODS, CLAIM_SEEDS, EVAL_POINTS, LONG_POINTS,
+                       LONG_STEPS, METHODS, TUNING_SEED, UNDER_TEST, grid_name, grid_variants, recheck_points, variants)
 from .provenance import dirty
 
 
@@ -25,11 +25,15 @@ def make_plan(args) -> Plan:
         pl.preset = "cpu-tiny"
     pl.seeds = list(args.seeds)
     pl.methods = choose_methods(args, pl, calibration)  # may fix the seeds (tune, calibrate)
+    check_seeds(args, pl)
     known = variants(pl.tuned)
     unknown = [m for m in pl.methods if m not in known]
     if unknown:
         raise ValueError(f"unknown method {', '.join(unknown)} (give --tuned for uniform-tuned)")
-    check_seeds(args, pl)
+    left_out = [m for m in CLAIM_METHODS[args.protocol] if m not in pl.methods]
+    if args.claim and left_out:
+        raise ValueError(f"a {args.protocol} px claim table runs {', '.join(CLAIM_METHODS[args.protocol])} "
+                         f"(PROTOCOL.md; others may be added): {', '.join(left_out)} left out")
     pl.reference = pl.reference or ("uniform-tuned" if pl.tuned else "uniform")
     if pl.table in ("dev", "claim"):  # what the method under test must beat: the other methods, not its own variants
         pl.baselines = [m for m in pl.methods if m != UNDER_TEST and not m.startswith(f"{UNDER_TEST}-")]
@@ -63,6 +67,8 @@ def choose_methods(args, pl: Plan, calibration: dict | None) -> list[str]:
                              "(never --claim)")
         pl.table = "long"
         return methods or ["uniform-tuned", UNDER_TEST]
+    if args.claim:
+        return methods or list(CLAIM_METHODS[args.protocol])
     if methods is None:
         methods = [m for m in METHODS if not (pl.tuned and m == "uniform")]
         methods = (["uniform-tuned"] if pl.tuned else []) + methods

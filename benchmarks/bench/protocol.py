@@ -21,6 +21,9 @@ BUDGET = 2000  # uniform-equivalent optimizer steps
 EVAL_POINTS = (500, 1000, 1250, 1500, 1750, 2000)
 COST_FREE = 1.02  # cost ratios up to this use the uniform step counts (PROTOCOL.md)
 CLAIM_SEEDS = (10, 11, 12)  # PROTOCOL.md: run once, on a frozen method; no development run may use them
+# PROTOCOL.md v3: what a claim table runs at each resolution (others may be added, none left out)
+CLAIM_METHODS = {"16": ("uniform-tuned", "adaptive", "min_snr", "iddpm", "edm2_uncertainty"),
+                 "32": ("uniform-tuned", "adaptive", "min_snr")}
 CALIBRATION_STEPS = 6000  # 32 px calibration: uniform-tuned on seed 0, evaluated every 500 steps
 # PROTOCOL.md "Long runs": does a gain last? 6,000 steps; speed-ups to the reference's FD at each of LONG_TARGETS.
 LONG_STEPS = 6000
