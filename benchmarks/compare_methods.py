@@ -90,7 +90,19 @@ def parse_args(argv=None):
     p.add_argument("extra", nargs="*", help="extra train_accelerate.py flags after --, applied to every run")
     args = p.parse_args(argv)
     args.extra = ["--mixed_precision", args.mixed_precision, *args.extra]  # a flag after -- still overrides it
+    args.mixed_precision = last_value(args.extra, "--mixed_precision")  # what the runs get, for results.json
     return args
+
+
+def last_value(flags: list[str], name: str) -> str | None:
+    """The value argparse gives flag `name` in `flags` (the last one wins; `--name v` or `--name=v`)."""
+    value = None
+    for i, flag in enumerate(flags):
+        if flag == name and i + 1 < len(flags):
+            value = flags[i + 1]
+        elif flag.startswith(name + "="):
+            value = flag.split("=", 1)[1]
+    return value
 
 
 def missing_input(args) -> str | None:

@@ -169,11 +169,14 @@ def test_every_run_and_cost_measurement_trains_in_the_protocol_precision_unless_
         args = parse_args(argv)
         args.tuned, args.preset = None, "cpu-tiny16"
         cmd = train_command("uniform", 0, tmp_path, 2000, [500, 1000], args)
-        return train_args(cmd[2:]).mixed_precision, args.extra
+        ran = train_args(cmd[2:]).mixed_precision
+        assert args.mixed_precision == ran  # what results.json records is what the runs got
+        return ran, args.extra
 
     assert precision([]) == ("no", ["--mixed_precision", "no"])  # the cost measurement gets args.extra too
     assert precision(["--mixed_precision", "bf16"])[0] == "bf16"
     assert precision(["--", "--mixed_precision", "bf16"])[0] == "bf16"  # a flag after -- wins, as before
+    assert precision(["--", "--mixed_precision=fp16"])[0] == "fp16"
 
 
 @pytest.mark.slow
