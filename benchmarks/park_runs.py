@@ -1,0 +1,159 @@
+"""Park benchmark runs that outlive their machine: stop each run, keep only its newest valid checkpoint, and stage its
+folder in git (benchmarks/_work/ is ignored, hence `git add -f`), so that a fresh checkout resumes it with the same
+command from the same pinned commit. Procedure and sizes: docs/benchmarks/README.md, "Runs that outlive their
+machine".
+
+    python benchmarks/park_runs.py benchmarks/_work/cal32 benchmarks/_work/long32      # stop, prune, stage
+    python benchmarks/park_runs.py --dry_run benchmarks/_work/cal32                     # say what it would do
+
+A run is stopped the way a preemption stops it: SIGTERM to the process holding the run folder's lock (it finishes an
+evaluation in progress, writes its checkpoint and exits 0), after SIGTERM to the compare_methods.py that started it,
+so that the benchmark neither starts the next run nor writes a partial report. Nothing is deleted unless the run has
+a checkpoint that verifies (manifest, sizes, sha256); an older checkpoint is deleted only once a newer one verifies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from adaptive.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint  # noqa: E402
+from adaptive.rundir import artifact, lock_holder, run_holds_training  # noqa: E402
+
+
+def run_folders(paths: list[Path]) -> list[Path]:
+    """Each path that holds a training run, or its sub-folders that do (a compare_methods.py --work folder)."""
+    found = []
+    for p in paths:
+        if run_holds_training(p):
+            found.append(p)
+        elif p.is_dir():
+            found += sorted(d for d in p.iterdir() if d.is_dir() and run_holds_training(d))
+    return found
+
+
+def holder(run: Path) -> int | None:
+    """PID of the training process that holds the run folder's lock, or None."""
+    lock = artifact(run, "lock")
+    return lock_holder(lock) if lock.exists() else None
+
+
+def parent_benchmark(pid: int) -> int | None:
+    """PID of the compare_methods.py that started `pid`, or None."""
+    try:
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return None
+    return ppid if any(a.endswith(b"compare_methods.py") for a in cmdline) else None
+
+
+def stop(runs: list[Path], timeout: float, log) -> list[Path]:
+    """SIGTERM every run's benchmark driver, then its training process; wait until each lock is free. Returns the
+    runs still held after `timeout` seconds."""
+    pids = {run: holder(run) for run in runs}
+    for run, pid in pids.items():
+        if pid is None:
+            continue
+        driver = parent_benchmark(pid)
+        if driver is not None:
+            log(f"{run}: SIGTERM to compare_methods.py (PID {driver})")
+            os.kill(driver, signal.SIGTERM)
+        log(f"{run}: SIGTERM to the training process (PID {pid}); it checkpoints and exits")
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    held = [run for run, pid in pids.items() if pid is not None]
+    while held and time.monotonic() < deadline:
+        time.sleep(1.0)
+        held = [run for run in held if holder(run) is not None]
+    return held
+
+
+def newest_valid(run: Path) -> Path | None:
+    """The run's newest checkpoint that verifies (manifest, sizes, sha256), or None."""
+    return next((c for c in reversed(list_checkpoints(run)) if verify_checkpoint(c) is None), None)
+
+
+def prune(run: Path, keep: Path, dry_run: bool, log) -> None:
+    """Delete every checkpoint of the run but `keep`."""
+    for c in list_checkpoints(run):
+        if c != keep:
+            log(f"{run}: {'would delete' if dry_run else 'deleting'} {c.name}")
+            if not dry_run:
+                shutil.rmtree(c)
+
+
+def stage(runs: list[Path], dry_run: bool, log) -> None:
+    """`git add -f -A` the run folders (their lock files aside: empty and held by whoever resumes)."""
+    cmd = ["git", "add", "-f", "-A", "--", *map(str, runs), *(f":(exclude){r}/.lock" for r in runs)]
+    log(("would run: " if dry_run else "") + " ".join(cmd))
+    if not dry_run:
+        subprocess.run(cmd, check=True, cwd=runs[0])  # the repository that holds the runs
+
+
+def size_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("paths", nargs="+", type=Path, help="run folders, or --work folders holding them")
+    p.add_argument("--timeout", type=float, default=1200.0,
+                   help="seconds to wait for the runs to stop (a 32 px evaluation in progress takes ~6 min)")
+    p.add_argument("--no_stop", action="store_true", help="do not signal anything (the runs must already be stopped)")
+    p.add_argument("--no_stage", action="store_true", help="prune only; do not git add")
+    p.add_argument("--dry_run", action="store_true", help="say what would be done; change nothing")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    log = lambda msg: print(f"park_runs: {msg}", flush=True)  # noqa: E731
+    paths = [p.resolve() for p in args.paths]
+    missing = [p for p in paths if not p.is_dir()]
+    if missing:
+        print(f"park_runs: error: not a folder: {missing[0]}", file=sys.stderr)
+        return 2
+    runs = run_folders(paths)
+    if not runs:
+        print(f"park_runs: error: no training run in {', '.join(map(str, paths))}", file=sys.stderr)
+        return 2
+    running = [r for r in runs if holder(r) is not None]
+    if running and (args.no_stop or args.dry_run):
+        what = "would stop" if args.dry_run else "error: still training (drop --no_stop to stop them)"
+        log(f"{what}: {', '.join(str(r) for r in running)}")
+        if not args.dry_run:
+            return 2
+    elif running:
+        held = stop(running, args.timeout, log)
+        if held:
+            print(f"park_runs: error: still training after {args.timeout:.0f} s: {', '.join(map(str, held))}; "
+                  "nothing pruned or staged", file=sys.stderr)
+            return 1
+    keep = {run: newest_valid(run) for run in runs}
+    broken = [run for run, c in keep.items() if c is None]
+    if broken:
+        print(f"park_runs: error: {broken[0]} has no checkpoint that verifies; nothing pruned or staged",
+              file=sys.stderr)
+        return 1
+    for run, c in keep.items():
+        prune(run, c, args.dry_run, log)
+        log(f"{run}: {'keeps' if args.dry_run else 'parked at'} step {checkpoint_step(c)} ({size_mb(run):.1f} MB)")
+    if not args.no_stage:
+        stage(runs, args.dry_run, log)
+        if not args.dry_run:
+            log("staged; commit them (each park adds its size to the repository's history)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
