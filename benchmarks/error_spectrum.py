@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -100,6 +101,15 @@ def summarize(paths: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def run_label(checkpoint: str) -> str:
+    """The run a measured checkpoint belongs to: its run folder's name (RUN/checkpoint-N), or, for a checkpoint
+    copied out under a name of its own (KEEP/<run>-N), that name without its step."""
+    path = Path(checkpoint)
+    if re.fullmatch(r"checkpoint-\d+", path.name):
+        return path.parent.name
+    return re.sub(r"-\d+$", "", path.name)
+
+
 def plot_dc_slope(paths: list[Path], out: Path, high_t: int = 700) -> None:
     """DC slope (mean over the measured t >= high_t) against the checkpoint's step, one line per run folder."""
     import matplotlib
@@ -111,7 +121,7 @@ def plot_dc_slope(paths: list[Path], out: Path, high_t: int = 700) -> None:
     for path in paths:
         r = json.loads(path.read_text())
         slopes = [v["dc_slope"] for t, v in r["by_t"].items() if int(t) >= high_t and "dc_slope" in v]
-        name = f"{Path(r['checkpoint']).parent.name} ({r['resolution']} px)"
+        name = f"{run_label(r['checkpoint'])} ({r['resolution']} px)"
         runs.setdefault(name, []).append((r["step"], sum(slopes) / len(slopes)))
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for name, pts in sorted(runs.items()):

@@ -721,6 +721,14 @@ def test_suite_times_compares_the_tests_both_runs_hold(tmp_path, capsys):
     assert suite_times.main([before, str(tmp_path / "missing.xml")]) == 2
 
 
+def test_error_spectrum_plots_one_line_per_run_wherever_its_checkpoints_were_kept():
+    from error_spectrum import run_label
+
+    assert run_label("/w/_work/cal32/uniform-tuned_seed0/checkpoint-2500") == "uniform-tuned_seed0"
+    assert run_label("/work/keep/cal32-2500") == run_label("/work/keep/cal32-1500") == "cal32"
+    assert run_label("/work/keep/long32-2500") == "long32" != run_label("/work/keep/cal32-2500")
+
+
 def test_error_spectrum_bands_split_the_power_exactly():
     import torch
     from error_spectrum import BAND_NAMES, band_power, radial_band
