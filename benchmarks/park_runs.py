@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adaptive.checkpoint import checkpoint_step, list_checkpoints, verify_checkpoint  # noqa: E402
+from adaptive.checkpoint import checkpoint_step, find_latest, list_checkpoints  # noqa: E402
+from adaptive.config import ConfigError  # noqa: E402
 from adaptive.rundir import artifact, lock_holder, run_holds_training  # noqa: E402
 
 
@@ -78,9 +79,12 @@ def stop(runs: list[Path], timeout: float, log) -> list[Path]:
     return held
 
 
-def newest_valid(run: Path) -> Path | None:
-    """The run's newest checkpoint that verifies (manifest, sizes, sha256), or None."""
-    return next((c for c in reversed(list_checkpoints(run)) if verify_checkpoint(c) is None), None)
+def newest_valid(run: Path, log) -> Path | None:
+    """The checkpoint a resume would load (the newest that verifies: manifest, sizes, sha256), or None."""
+    try:
+        return find_latest(run, warn=lambda msg: log(f"{run}: {msg}"))
+    except ConfigError:  # checkpoints, none valid
+        return None
 
 
 def prune(run: Path, keep: Path, dry_run: bool, log) -> None:
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
             print(f"park_runs: error: still training after {args.timeout:.0f} s: {', '.join(map(str, held))}; "
                   "nothing pruned or staged", file=sys.stderr)
             return 1
-    keep = {run: newest_valid(run) for run in runs}
+    keep = {run: newest_valid(run, log) for run in runs}
     broken = [run for run, c in keep.items() if c is None]
     if broken:
         print(f"park_runs: error: {broken[0]} has no checkpoint that verifies; nothing pruned or staged",

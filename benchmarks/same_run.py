@@ -50,8 +50,8 @@ def compare(a: dict, b: dict) -> tuple[str | None, list[int]]:
         diff = differing_keys(a[key], b[key])
         if not diff:
             continue
-        later = [k for k in training if k[0] > key[0]]
-        if not key[1] and set(diff) <= set(WINDOW_KEYS) and later and not differing_keys(a[later[0]], b[later[0]]):
+        nxt = next((k for k in training if k[0] > key[0]), None)
+        if not key[1] and set(diff) <= set(WINDOW_KEYS) and nxt and not differing_keys(a[nxt], b[nxt]):
             resumed.append(key[0])
             continue
         kind = "evaluation" if key[1] else "training record"
