@@ -122,7 +122,7 @@ def table_meta(args, argv, pl, date: str, this_hash: str, rows: list[dict], excl
             "budget_steps": pl.budget, "eval_points": list(pl.points), "preset": pl.preset, "table": pl.table,
             "reference": pl.reference, "baselines": pl.baselines, "tuned": pl.tuned,
             "tuned_file": str(args.tuned_file) if args.tuned_file else None, "excluded": excluded,
-            "protocol": "shared/benchmark/PROTOCOL.md", "quick": args.quick,
+            "protocol": "shared/benchmark/PROTOCOL.md", "quick": args.quick, "blob_phase": pl.blob_phase,
             "mixed_precision": args.mixed_precision}
 
 

@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench.costs import costs_to_measure  # noqa: E402
 from bench.plans import make_plan  # noqa: E402
 from bench.protocol import (ABLATIONS, CLAIM_METHODS, METHODS, calibration_budget, grid_name,  # noqa: E402
-                            grid_variants, plan, recheck_points, used_ratio, variants)
-from bench.report import bar_verdict, render_stored  # noqa: E402
+                            grid_variants, in_blob_phase, plan, recheck_points, used_ratio, variants)
+from bench.report import bar_verdict, render_stored, write_readme  # noqa: E402
 from bench.summary import aggregate, interpolate_crossing, select_tuned  # noqa: E402
 from compare_methods import parse_args  # noqa: E402
 
@@ -104,9 +104,59 @@ def test_32px_budget_and_recheck_points_follow_the_protocol():
     curve = [(500 * i, fd) for i, fd in enumerate([11, 10, 9, 6, 4, 3.4, 3.2, 3.1, 3.0, 2.95, 2.9, 2.85], start=1)]
     # 1.15 x 2.85 = 3.28: first reached at 3,500 steps -> B = 4,000
     assert calibration_budget(curve) == 4000
+    assert not in_blob_phase(curve)
     assert recheck_points({"learning_rate": 2e-3, "adam_beta2": 0.99}) == [grid_name(1e-3, 0.99), grid_name(4e-3, 0.99)]
     assert recheck_points({"learning_rate": 8e-3, "adam_beta2": 0.999}) == [grid_name(2e-3, 0.999),
                                                                              grid_name(4e-3, 0.999)]
+
+
+def test_a_calibration_that_never_leaves_the_blob_phase_sets_b_6000_and_the_table_reports_exit_steps(tmp_path):
+    # PROTOCOL.md 32 px: 6,000-step FD within 15% of the 1,000-step FD -> no budget to calibrate; B = 6,000 with
+    # points 1,500 / 3,000 / 4,500 / 6,000. The plain rule would have given B = 1,000 (12.2 is within 15% of 11.5).
+    blob = [(500 * i, fd) for i, fd in enumerate([12.2, 12.2, 12.3, 12.1, 12.1, 11.9, 11.8, 11.8, 11.7, 11.6, 11.6,
+                                                  11.5], start=1)]
+    assert in_blob_phase(blob) and calibration_budget(blob) == 6000
+    leaving = blob[:-1] + [(6000, 10.0)]  # 10.0 is 18% below 12.2: it has started to leave
+    assert not in_blob_phase(leaving) and calibration_budget(leaving) == 6000
+    tuned, cal = tmp_path / "t.json", tmp_path / "c.json"
+    tuned.write_text(json.dumps({"learning_rate": 2e-3, "adam_beta2": 0.99}))
+    cal.write_text(json.dumps({"budget": 6000, "curve": blob}))
+    pl = make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32", "--calibration", str(cal), "--seeds", "0",
+                               "1"]))
+    assert pl.budget == 6000 and pl.points == (1500, 3000, 4500, 6000) and pl.blob_phase
+    recheck = make_plan(parse_args(["--calibrate", "--tuned", str(tuned), "--protocol", "32", "--calibration",
+                                    str(cal)]))
+    assert recheck.points == (1500, 3000, 4500, 6000)
+    cal.write_text(json.dumps({"budget": 6000, "curve": leaving}))
+    pl = make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32", "--calibration", str(cal), "--seeds", "0"]))
+    assert pl.points == (1500, 3000, 3750, 4500, 5250, 6000) and not pl.blob_phase
+
+    # exit step = the first evaluation at FD <= 5; the reference never leaves -> budget / exit step, a lower bound
+    def row(m, seed, fds):
+        return {"method": m, "seed": seed, "cost_ratio": 1.0, "cost_ratio_used": 1.0, "steps": 6000,
+                "eval_steps": list(BLOBP), "evals": [{"step": p, "fd": fd, "train_seconds": p} for p, fd in
+                                                     zip(BLOBP, fds)]}
+    BLOBP = (1500, 3000, 4500, 6000)
+    rows = [row("uniform-tuned", 0, [12, 12, 11.8, 11.6]), row("uniform-tuned", 1, [12, 11.9, 4.0, 3.5]),
+            row("adaptive", 0, [11.8, 4.9, 3.5, 3.0]), row("adaptive", 1, [11.9, 6.0, 3.6, 3.1])]
+    summ = aggregate(rows, 6000, BLOBP, reference="uniform-tuned")
+    a, u = summ["adaptive"], summ["uniform-tuned"]
+    assert u["exit_step"] is None and a["exit_step"] == 4500  # mean curve: (4.9 + 6.0) / 2 > 5 at 3,000
+    assert a["exit_speedup"] == pytest.approx(6000 / 4500) and a["exit_speedup_is_lower_bound"]
+    assert a["exit_step_by_seed"] == {0: 3000, 1: 4500}
+    # seed 0: uniform never leaves -> >= 2x; seed 1: uniform leaves at 4,500 too -> 1x, not a bound
+    assert a["exit_speedup_by_seed"] == {0: {"speedup": 2.0, "lower_bound": True},
+                                         1: {"speedup": 1.0, "lower_bound": False}}
+    verdict = bar_verdict(summ, baselines=["uniform-tuned"], reference="uniform-tuned", blob_phase=True)
+    assert verdict[0] == ("1. speed-up >= 2x against uniform-tuned: no (at least 1.33x in leaving the blob "
+                           "phase: step 4500, uniform-tuned had not left it by the budget)")
+    meta = {"date": "d", "command": "c", "git_commit": "g", "code_hash": "h", "seeds": [0, 1], "blob_phase": True,
+            "machine": {"cpu": "x"}, "versions": {"torch": "t", "diffusers": "d"}, "reference": "uniform-tuned",
+            "baselines": ["uniform-tuned"], "table": "dev"}
+    write_readme(summ, meta, tmp_path / "README.md", 6000)
+    text = (tmp_path / "README.md").read_text()
+    assert "| adaptive | 4500 | >= 1.33x | 0: 3000, 1: 4500 | 0: >= 2.00x, 1: 1.00x |" in text
+    assert "| uniform-tuned | not left | - | 0: not left, 1: 4500 |" in text
 
 
 def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):

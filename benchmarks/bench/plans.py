@@ -7,7 +7,8 @@ import argparse
 import json
 
 from .protocol import (ABLATIONS, BUDGET, CALIBRATION_STEPS, CLAIM_METHODS, CLAIM_SEEDS, EVAL_POINTS, LONG_POINTS,
-                       LONG_STEPS, METHODS, TUNING_SEED, UNDER_TEST, grid_name, grid_variants, recheck_points, variants)
+                       LONG_STEPS, METHODS, TUNING_SEED, UNDER_TEST, budget_points, grid_name, grid_variants,
+                       in_blob_phase, recheck_points, variants)
 from .provenance import dirty
 
 
@@ -38,6 +39,8 @@ def make_plan(args) -> Plan:
     if pl.table in ("dev", "claim"):  # what the method under test must beat: the other methods, not its own variants
         pl.baselines = [m for m in pl.methods if m != UNDER_TEST and not m.startswith(f"{UNDER_TEST}-")]
     pl.budget, pl.points = budget_and_points(args, pl, calibration)
+    # PROTOCOL.md 32 px: a calibration that never left the blob phase -> FD at equal steps and each method's exit step
+    pl.blob_phase = bool(calibration and in_blob_phase(calibration.get("curve", [])))
     if args.quick:
         pl.points = (4, 8)
     return pl
@@ -97,6 +100,6 @@ def budget_and_points(args, pl: Plan, calibration: dict | None) -> tuple[int, tu
         if not calibration:
             raise ValueError("--protocol 32 needs --calibration (the calibration.json of a --calibrate run)")
         B = calibration["budget"]
-        return args.budget_steps or B, tuple(sorted({B // 4, B // 2, 5 * B // 8, 3 * B // 4, 7 * B // 8, B}))
+        return args.budget_steps or B, budget_points(B, in_blob_phase(calibration.get("curve", [])))
     budget = args.budget_steps or BUDGET
     return budget, tuple(p for p in EVAL_POINTS if p <= budget)

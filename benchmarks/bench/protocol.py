@@ -25,6 +25,8 @@ CLAIM_SEEDS = (10, 11, 12)  # PROTOCOL.md: run once, on a frozen method; no deve
 CLAIM_METHODS = {"16": ("uniform-tuned", "adaptive", "min_snr", "iddpm", "edm2_uncertainty"),
                  "32": ("uniform-tuned", "adaptive", "min_snr")}
 CALIBRATION_STEPS = 6000  # 32 px calibration: uniform-tuned on seed 0, evaluated every 500 steps
+CALIBRATION_TOLERANCE = 0.15  # "within 15%" of the calibration rule and of its blob-phase test
+BLOB_POINTS = (1500, 3000, 4500, 6000)  # a 32 px table's points when the calibration never left the blob phase
 # PROTOCOL.md "Long runs": does a gain last? 6,000 steps; speed-ups to the reference's FD at each of LONG_TARGETS.
 LONG_STEPS = 6000
 LONG_POINTS = {"16": (500, 1000, 1500, 2000, 3000, 4000, 5000, 6000),
@@ -134,10 +136,34 @@ def plan(method: str, cost_ratio: float, budget: int, points: tuple[int, ...]) -
 
 def calibration_budget(curve: list[tuple[int, float]]) -> int:
     """PROTOCOL.md 32 px: the first evaluation step whose FD is within 15% of the last one's, rounded up to a
-    multiple of 1,000."""
+    multiple of 1,000; CALIBRATION_STEPS if the curve never leaves the blob phase (no budget to calibrate)."""
+    if in_blob_phase(curve):
+        return CALIBRATION_STEPS
     final = curve[-1][1]
-    first = next(step for step, fd in curve if fd <= 1.15 * final)
+    first = next(step for step, fd in curve if fd <= (1 + CALIBRATION_TOLERANCE) * final)
     return int(math.ceil(first / 1000) * 1000)
+
+
+def in_blob_phase(curve: list[tuple[int, float]]) -> bool:
+    """PROTOCOL.md 32 px: the calibration curve never leaves the blob phase - its 6,000-step FD is within 15% of its
+    1,000-step FD."""
+    fd = dict(curve)
+    if CALIBRATION_STEPS not in fd or 1000 not in fd:
+        return False
+    return abs(fd[CALIBRATION_STEPS] - fd[1000]) <= CALIBRATION_TOLERANCE * fd[1000]
+
+
+def budget_points(budget: int, blob_phase: bool) -> tuple[int, ...]:
+    """PROTOCOL.md 32 px: the evaluation points of a table at budget B - B/4, B/2, 5B/8, 3B/4, 7B/8, B; in the blob
+    phase (B = 6,000, no budget calibrated) 1,500 / 3,000 / 4,500 / 6,000."""
+    if blob_phase:
+        return BLOB_POINTS
+    return tuple(sorted({budget // 4, budget // 2, 5 * budget // 8, 3 * budget // 4, 7 * budget // 8, budget}))
+
+
+def exit_step(steps: list[int], fds: list[float]) -> int | None:
+    """The first evaluation step at which a curve has left the blob phase (FD <= TRANSITION_FD); None if never."""
+    return next((s for s, fd in zip(steps, fds) if fd <= TRANSITION_FD), None)
 
 
 def recheck_points(tuned: dict) -> list[str]:

@@ -9,7 +9,8 @@ import math
 import statistics
 from pathlib import Path
 
-from .protocol import CALIBRATION_STEPS, TIE, TRANSITION_FD, calibration_budget, grid_name, grid_variants
+from .protocol import (CALIBRATION_STEPS, TIE, TRANSITION_FD, budget_points, calibration_budget, exit_step, grid_name,
+                       grid_variants, in_blob_phase)
 
 
 def complete(row: dict) -> bool:
@@ -61,7 +62,42 @@ def aggregate(rows: list[dict], budget: int, points: tuple[int, ...], reference:
     ref = summary.get(reference)
     if ref and ref["curve"] and ref["curve"][-1]["equiv_step"] == budget:
         add_speedups(summary, by_method, reference, budget)
+        add_exit_steps(summary, by_method, reference, budget)
     return summary
+
+
+def curve_xy(s: dict) -> tuple[list[int], list[float]]:
+    """A method summary's mean curve as (uniform-equivalent steps, mean FDs)."""
+    return [p["equiv_step"] for p in s["curve"]], [p["mean"] for p in s["curve"]]
+
+
+def exit_speedup(method_exit: int | None, reference_exit: int | None, budget: int) -> tuple[float | None, bool]:
+    """Speed-up in leaving the blob phase: the reference's exit step / the method's; while the reference has not left
+    it by the budget, budget / the method's exit step, a lower bound (PROTOCOL.md 32 px). (speed-up, lower bound?)"""
+    if method_exit is None:
+        return None, False
+    if reference_exit is None:
+        return budget / method_exit, True
+    return reference_exit / method_exit, False
+
+
+def add_exit_steps(summary: dict, by_method: dict, reference: str, budget: int) -> None:
+    """Each method's step of leaving the blob phase (mean curve and per seed) and its exit speed-up against the
+    reference (PROTOCOL.md 32 px: what a table reports when the calibration never left the blob phase)."""
+    ref_exit = exit_step(*curve_xy(summary[reference]))
+    ref_by_seed = {r["seed"]: exit_step(*seed_curve(r)) for r in by_method[reference]}
+    for m, s in summary.items():
+        s["exit_step"] = exit_step(*curve_xy(s))
+        s["exit_speedup"], s["exit_speedup_is_lower_bound"] = exit_speedup(s["exit_step"], ref_exit, budget)
+        s["exit_step_by_seed"] = {r["seed"]: exit_step(*seed_curve(r)) for r in by_method.get(m, [])}
+        s["exit_speedup_by_seed"] = {k: dict(zip(("speedup", "lower_bound"), exit_speedup(e, ref_by_seed[k], budget)))
+                                     for k, e in s["exit_step_by_seed"].items() if k in ref_by_seed}
+
+
+def seed_curve(row: dict) -> tuple[list[float], list[float]]:
+    """One run's evaluations as (uniform-equivalent steps, FDs), in step order."""
+    pts = sorted((e["step"] * row["cost_ratio_used"], e["fd"]) for e in row["evals"])
+    return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def add_speedups(summary: dict, by_method: dict, reference: str, budget: int) -> None:
@@ -69,7 +105,7 @@ def add_speedups(summary: dict, by_method: dict, reference: str, budget: int) ->
     target = summary[reference]["curve"][-1]["mean"]
     final = {r["seed"]: r for r in by_method[reference]}
     for m, s in summary.items():
-        cross = interpolate_crossing([p["equiv_step"] for p in s["curve"]], [p["mean"] for p in s["curve"]], target)
+        cross = interpolate_crossing(*curve_xy(s), target)
         s["target_fd"] = target
         s["equiv_steps_to_target"] = cross
         s["speedup"] = budget / cross if cross else None
@@ -77,10 +113,8 @@ def add_speedups(summary: dict, by_method: dict, reference: str, budget: int) ->
         s["speedup_by_seed"] = {}
         for r in by_method.get(m, []):
             if r["seed"] in final:
-                c = r["cost_ratio_used"]
                 tgt = next(e["fd"] for e in final[r["seed"]]["evals"] if e["step"] == budget)
-                pts = sorted((e["step"] * c, e["fd"]) for e in r["evals"])
-                x = interpolate_crossing([p[0] for p in pts], [p[1] for p in pts], tgt)
+                x = interpolate_crossing(*seed_curve(r), tgt)
                 s["speedup_by_seed"][r["seed"]] = budget / x if x else None
 
 
@@ -93,7 +127,7 @@ def speedups_at(summary: dict, reference: str, targets: tuple[int, ...]) -> dict
         return out
     ref_fd = {p["equiv_step"]: p["mean"] for p in ref["curve"]}
     for m, s in summary.items():
-        xs, ys = [p["equiv_step"] for p in s["curve"]], [p["mean"] for p in s["curve"]]
+        xs, ys = curve_xy(s)
         for t in targets:
             if t not in ref_fd or not xs:
                 continue
@@ -113,7 +147,7 @@ def select_tuned(summary: dict, budget: int) -> dict | None:
     best = min(s["curve"][-1]["mean"] for s in finished.values())
 
     def transition(s):
-        return next((p["equiv_step"] for p in s["curve"] if p["mean"] <= TRANSITION_FD), math.inf)
+        return exit_step(*curve_xy(s)) or math.inf
 
     tied = [m for m, s in finished.items() if s["curve"][-1]["mean"] <= best * (1 + TIE)]
     name = min(tied, key=lambda m: (transition(finished[m]), finished[m]["curve"][-1]["mean"]))
@@ -133,8 +167,12 @@ def write_calibration(summary: dict, pl, args, out: Path) -> dict | None:
         if not s or not s["curve"] or s["curve"][-1]["equiv_step"] != CALIBRATION_STEPS:
             return None
         curve = [(p["equiv_step"], p["mean"]) for p in s["curve"]]
-        result = {"budget": calibration_budget(curve), "curve": curve, "uniform_tuned_16px": pl.tuned,
-                  "rule": "first evaluation within 15% of the 6,000-step FD, rounded up to a multiple of 1,000"}
+        budget, blob = calibration_budget(curve), in_blob_phase(curve)
+        result = {"budget": budget, "points": list(budget_points(budget, blob)), "blob_phase": blob, "curve": curve,
+                  "uniform_tuned_16px": pl.tuned,
+                  "rule": "first evaluation within 15% of the 6,000-step FD, rounded up to a multiple of 1,000; if "
+                          "the 6,000-step FD is within 15% of the 1,000-step FD (never left the blob phase), B = "
+                          "6,000 with points 1,500 / 3,000 / 4,500 / 6,000"}
         (out / "calibration.json").write_text(json.dumps(result, indent=1))
         return result
     cal = json.loads(args.calibration.read_text())
