@@ -156,7 +156,11 @@ def test_a_calibration_that_never_leaves_the_blob_phase_sets_b_6000_and_the_tabl
     write_readme(summ, meta, tmp_path / "README.md", 6000)
     text = (tmp_path / "README.md").read_text()
     assert "| adaptive | 4500 | >= 1.33x | 0: 3000, 1: 4500 | 0: >= 2.00x, 1: 1.00x |" in text
-    assert "| uniform-tuned | not left | - | 0: not left, 1: 4500 |" in text
+    assert "| uniform-tuned | not left | - | 0: not left, 1: 4500 |" in text and "never left it" in text
+    write_readme(summ, {**meta, "blob_phase": False, "table": "long"}, tmp_path / "README.md", 6000)
+    assert "| adaptive | 4500 | >= 1.33x |" in (tmp_path / "README.md").read_text()  # long runs show exit steps too
+    write_readme(summ, {**meta, "blob_phase": False}, tmp_path / "README.md", 6000)
+    assert "exit step" not in (tmp_path / "README.md").read_text()  # other tables: the bar's speed-up only
 
 
 def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):

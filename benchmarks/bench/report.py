@@ -144,12 +144,14 @@ def points_table(summary: dict) -> list[str]:
     return lines
 
 
-def exit_lines(summary: dict, budget: int, ref: str) -> list[str]:
-    """Blob-phase tables (PROTOCOL.md 32 px): each method's step of leaving the blob phase and the speed-up in it."""
-    lines = ["", f"Leaving the blob phase (the first evaluation at FD <= {TRANSITION_FD:g}; the calibration never left "
-             f"it, so the budget is {budget} steps and FD is compared at equal steps). Speed-up = {ref}'s exit step / "
-             f"the method's; while {ref} has not left it by the budget, {budget} / the method's exit step, a lower "
-             "bound (marked >=):", "",
+def exit_lines(summary: dict, budget: int, ref: str, blob_phase: bool) -> list[str]:
+    """Each method's step of leaving the blob phase and the speed-up in it (blob-phase tables, PROTOCOL.md 32 px,
+    whose bar uses it; and long runs)."""
+    why = (f"; the calibration never left it, so the budget is {budget} steps and FD is compared at equal steps"
+           if blob_phase else "")
+    lines = ["", f"Leaving the blob phase (the first evaluation at FD <= {TRANSITION_FD:g}{why}). Speed-up = {ref}'s "
+             f"exit step / the method's; while {ref} has not left it by the budget, {budget} / the method's exit "
+             "step, a lower bound (marked >=):", "",
              "| method | exit step (mean curve) | speed-up | exit step per seed | speed-up per seed |",
              "|---|---|---|---|---|"]
 
@@ -197,8 +199,9 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
     """README.md of a methods table."""
     ref = meta.get("reference", "uniform")
     lines = [*header(meta, budget), *speedup_table(summary, budget, ref), *points_table(summary)]
-    if meta.get("blob_phase"):
-        lines += exit_lines(summary, budget, ref)
+    has_exits = any("exit_step" in s for s in summary.values())  # (tables summarised before exit steps existed: none)
+    if has_exits and (meta.get("blob_phase") or meta.get("table") == "long"):
+        lines += exit_lines(summary, budget, ref, bool(meta.get("blob_phase")))
     if meta.get("table") == "tune":
         lines += selection_lines(meta.get("selected"))
     elif meta.get("table") == "long":
