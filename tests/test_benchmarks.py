@@ -667,7 +667,7 @@ METHOD_TABLES = ROOT / "docs" / "benchmarks" / "methods"
 # Committed tables that today's report re-renders byte for byte (2026-11-30 predates the current README format;
 # a hand-written note on how a table was made goes beside it, as 2026-12-02-fp32-dev/NOTE.md).
 RERENDERED = ("2026-12-01-ablation", "2026-12-01-dev-tuned", "2026-12-01-tuning", "2026-12-02-fp32-dev",
-              "2026-12-02-long16")
+              "2026-12-02-long16", "2026-12-02-cal32", "2026-12-02-long32")
 
 
 @pytest.mark.parametrize("name", RERENDERED)
