@@ -38,9 +38,9 @@ def make_plan(args) -> Plan:
     pl.reference = pl.reference or ("uniform-tuned" if pl.tuned else "uniform")
     if pl.table in ("dev", "claim"):  # what the method under test must beat: the other methods, not its own variants
         pl.baselines = [m for m in pl.methods if m != UNDER_TEST and not m.startswith(f"{UNDER_TEST}-")]
-    pl.budget, pl.points = budget_and_points(args, pl, calibration)
     # PROTOCOL.md 32 px: a calibration that never left the blob phase -> FD at equal steps and each method's exit step
     pl.blob_phase = bool(calibration and in_blob_phase(calibration.get("curve", [])))
+    pl.budget, pl.points = budget_and_points(args, pl, calibration)
     if args.quick:
         pl.points = (4, 8)
     return pl
@@ -100,6 +100,6 @@ def budget_and_points(args, pl: Plan, calibration: dict | None) -> tuple[int, tu
         if not calibration:
             raise ValueError("--protocol 32 needs --calibration (the calibration.json of a --calibrate run)")
         B = calibration["budget"]
-        return args.budget_steps or B, budget_points(B, in_blob_phase(calibration.get("curve", [])))
+        return args.budget_steps or B, budget_points(B, pl.blob_phase)
     budget = args.budget_steps or BUDGET
     return budget, tuple(p for p in EVAL_POINTS if p <= budget)
