@@ -636,6 +636,38 @@ def test_only_a_run_with_every_planned_evaluation_is_kept_beside_the_table(tmp_p
     assert restore_finished_run(d, out) and (d / "stats.jsonl").read_text().count("proxy_fd") == 2
 
 
+def test_each_launch_of_a_run_records_its_host_and_first_step_and_the_table_names_mixed_hosts(tmp_path):
+    """A run resumed on another host mixes their speeds in its train_seconds: segments.jsonl says which steps ran
+    where (kept and restored with the run), and a table names the hosts only where they differ from the report's."""
+    import bench.farm as farm
+    from bench.report import host_lines
+
+    d, out = tmp_path / "work" / "adaptive_seed10", tmp_path / "out"
+    job = ("adaptive", 10, [sys.executable, "-c", "pass"], d)
+    farm.run_all([job], 1, 1, log=lambda m: None)
+    (d / "checkpoint-250").mkdir()
+    (d / "checkpoint-500").mkdir()
+    farm.run_all([job], 1, 1, log=lambda m: None)
+    hosts = farm.run_hosts(d)
+    assert [h["from_step"] for h in hosts] == [0, 500]
+    assert hosts[0]["cpu"] == farm.machine()["cpu"] and "native_bf16" in farm.machine()
+
+    (d / "provenance.json").write_text(json.dumps({"eval_steps": [4]}))
+    (d / "run_info.json").write_text("{}")
+    (d / "stats.jsonl").write_text(json.dumps({"step": 4, "proxy_fd": 1.0, "train_seconds": 1.0}) + "\n")
+    farm.keep_finished_run(d, out)
+    shutil.rmtree(d)
+    assert farm.restore_finished_run(d, out) and farm.run_hosts(d) == hosts
+
+    one = [{"method": "adaptive", "seed": 10, "hosts": [{"from_step": 0, "cpu": "A"}, {"from_step": 250, "cpu": "A"}]},
+           {"method": "uniform", "seed": 10}]  # a run from before segments were recorded
+    assert host_lines(one, "A") == []
+    assert host_lines([], "A") == []
+    mixed = [{**one[0], "hosts": [{"from_step": 0, "cpu": "A"}, {"from_step": 250, "cpu": "B"}]}, one[1]]
+    assert host_lines(mixed, "A") == ["", "Hosts per run (launch: from step, CPU): adaptive/seed10: 0 on A, 250 on B"]
+    assert host_lines(one, "B") != []  # all on one host, but not the report's
+
+
 def test_long_runs_plan_and_speedups_at_several_targets(tmp_path):
     from bench.protocol import LONG_POINTS
     from bench.summary import speedups_at

@@ -12,13 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+from adaptive.checkpoint import checkpoint_step, list_checkpoints
 from adaptive.rundir import run_holds_training
 
 from .protocol import plan, used_ratio, variants
-from .provenance import ROOT, dirty, git
+from .provenance import ROOT, dirty, git, machine
 from .summary import complete
 
 RUN_RECORDS = ("stats.jsonl", "provenance.json", "run_info.json")  # what a finished run is skipped and reported from
+SEGMENTS = "segments.jsonl"  # one line per launch of a run: when, from which step, on which machine, at which commit
 
 
 def run_dir(work: Path, method: str, seed: int) -> Path:
@@ -57,7 +59,7 @@ def keep_finished_run(d: Path, out: Path) -> None:
     if not prov.exists() or not complete({**read_run(d), "eval_steps": json.loads(prov.read_text())["eval_steps"]}):
         return
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    for f in RUN_RECORDS:
+    for f in (*RUN_RECORDS, SEGMENTS):
         if (d / f).is_file():
             shutil.copyfile(d / f, out / "runs" / f"{d.name}.{f}")
 
@@ -70,7 +72,27 @@ def restore_finished_run(d: Path, out: Path) -> bool:
     d.mkdir(parents=True, exist_ok=True)
     for f, k in zip(RUN_RECORDS, kept):
         shutil.copyfile(k, d / f)
+    if (out / "runs" / f"{d.name}.{SEGMENTS}").is_file():  # runs kept before segments were recorded have none
+        shutil.copyfile(out / "runs" / f"{d.name}.{SEGMENTS}", d / SEGMENTS)
     return True
+
+
+def record_segment(d: Path) -> None:
+    """Append this launch of the run in `d` to its segments.jsonl: a run resumed on another host (or commit) says
+    which of its steps ran where, since its train_seconds mix the hosts' speeds."""
+    ckpts = list_checkpoints(d)  # it resumes from the newest that verifies (train_accelerate.py)
+    rec = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "from_step": checkpoint_step(ckpts[-1]) if ckpts else 0,
+           "machine": machine(), "git_commit": git("rev-parse", "HEAD")}
+    with open(d / SEGMENTS, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def run_hosts(d: Path) -> list[dict]:
+    """The run's segments as (first step, CPU) in launch order; [] for a run started before segments were recorded."""
+    seg = d / SEGMENTS
+    recs = [json.loads(line) for line in seg.read_text().splitlines() if line.strip()] if seg.is_file() else []
+    return [{"from_step": r["from_step"], "cpu": r["machine"]["cpu"]} for r in recs]
 
 
 def keep_run_logs(rows: list[dict], work: Path, out: Path) -> None:
@@ -126,6 +148,7 @@ def run_all(jobs: list[tuple[str, int, list[str], Path]], parallel: int, threads
             if not run_holds_training(out):  # its provenance.json and log are not a run's: train beside them
                 cmd = [*cmd, "--overwrite_output_dir"]
             logf = open(out / "benchmark.log", "a")
+            record_segment(out)
             log(f"start {name} seed {seed}: {out}")
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT)
             running.append((name, seed, proc, logf, out))
@@ -138,6 +161,12 @@ def run_all(jobs: list[tuple[str, int, list[str], Path]], parallel: int, threads
                 log(f"{'done' if proc.returncode == 0 else f'FAILED ({proc.returncode})'} {name} seed {seed}")
                 if proc.returncode == 0 and on_done is not None:
                     on_done(out)
+
+
+def hosts_field(d: Path) -> dict:
+    """{"hosts": the run's segments} for a run that recorded them, else {} (older tables re-render unchanged)."""
+    hosts = run_hosts(d)
+    return {"hosts": hosts} if hosts else {}
 
 
 def collect_rows(pl, base: dict, costs: dict, args, previous: dict, this_hash: str) -> tuple[dict, list[str]]:
@@ -163,7 +192,7 @@ def collect_rows(pl, base: dict, costs: dict, args, previous: dict, this_hash: s
                                "git_commit": prov.get("git_commit", commit),
                                "code_hash": prov.get("code_hash", this_hash), "dirty": is_dirty,
                                "command": " ".join(train_command(m, seed, d, steps, evals, args)),
-                               "run_git_commit": info.get("git_commit")}
+                               "run_git_commit": info.get("git_commit"), **hosts_field(d)}
     for key, r in list(rows.items()):
         if r["code_hash"] != this_hash:
             excluded.append(f"{r['method']}/seed{r['seed']} ({r['git_commit'][:8]})")

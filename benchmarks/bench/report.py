@@ -195,6 +195,17 @@ def long_lines(sp: dict, ref: str) -> list[str]:
     return lines
 
 
+def host_lines(rows: list[dict], report_cpu: str) -> list[str]:
+    """Where each run's steps ran, for runs whose segments (launches) were recorded and ran on a host other than the
+    report's, or on several: their training seconds mix those hosts' speeds. [] when every run ran on one host, the
+    report's, or none recorded segments (tables from before segments.jsonl)."""
+    hosts = {f"{r['method']}/seed{r['seed']}": r["hosts"] for r in rows if r.get("hosts")}
+    if not hosts or all({h["cpu"] for h in hs} == {report_cpu} for hs in hosts.values()):
+        return []
+    return ["", "Hosts per run (launch: from step, CPU): " + "; ".join(
+        f"{run}: " + ", ".join(f"{h['from_step']} on {h['cpu']}" for h in hs) for run, hs in sorted(hosts.items()))]
+
+
 def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
     """README.md of a methods table."""
     ref = meta.get("reference", "uniform")
@@ -214,6 +225,7 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
                   "spread, <= 2% per step), checked on this table:", "",
                   *bar_verdict(summary, baselines=meta.get("baselines"), reference=ref,
                                blob_phase=bool(meta.get("blob_phase")))]
+    lines += host_lines(meta.get("rows", []), meta["machine"]["cpu"])
     if meta.get("excluded"):
         lines += ["", "Left out (measured with other code): " + ", ".join(meta["excluded"])]
     path.write_text("\n".join(lines) + "\n")
