@@ -130,6 +130,14 @@ def test_a_calibration_that_never_leaves_the_blob_phase_sets_b_6000_and_the_tabl
     cal.write_text(json.dumps({"budget": 6000, "curve": leaving}))
     pl = make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32", "--calibration", str(cal), "--seeds", "0"]))
     assert pl.points == (1500, 3000, 3750, 4500, 5250, 6000) and not pl.blob_phase
+    # the plan derives points and blob phase from the curve: stored ones that disagree with it are refused
+    cal.write_text(json.dumps({"budget": 6000, "curve": leaving, "points": [1500, 3000, 4500, 6000],
+                               "blob_phase": True}))
+    with pytest.raises(ValueError, match=r"points \[1500, 3000, 4500, 6000\] \(its curve gives .*blob_phase True"):
+        make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32", "--calibration", str(cal)]))
+    cal.write_text(json.dumps({"budget": 4000, "curve": blob}))
+    with pytest.raises(ValueError, match="budget 4000 .its curve gives 6000.*rerun --calibrate"):
+        make_plan(parse_args(["--tuned", str(tuned), "--protocol", "32", "--calibration", str(cal)]))
 
     # exit step = the first evaluation at FD <= 5; the reference never leaves -> budget / exit step, a lower bound
     def row(m, seed, fds):

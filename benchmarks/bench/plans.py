@@ -7,8 +7,8 @@ import argparse
 import json
 
 from .protocol import (ABLATIONS, BUDGET, CALIBRATION_STEPS, CLAIM_METHODS, CLAIM_SEEDS, EVAL_POINTS, LONG_POINTS,
-                       LONG_STEPS, METHODS, TUNING_SEED, UNDER_TEST, budget_points, grid_name, grid_variants,
-                       in_blob_phase, recheck_points, variants)
+                       LONG_STEPS, METHODS, TUNING_SEED, UNDER_TEST, budget_points, calibration_budget, grid_name,
+                       grid_variants, in_blob_phase, recheck_points, variants)
 from .provenance import dirty
 
 
@@ -21,7 +21,7 @@ def make_plan(args) -> Plan:
     pl = Plan(table="dev", preset="cpu-tiny16", tuned=None, reference=args.reference, baselines=None)
     if args.tuned:
         pl.tuned = json.loads(args.tuned.read_text())
-    calibration = json.loads(args.calibration.read_text()) if args.calibration else None
+    calibration = read_calibration(args.calibration) if args.calibration else None
     if args.protocol == "32":
         pl.preset = "cpu-tiny"
     pl.seeds = list(args.seeds)
@@ -44,6 +44,22 @@ def make_plan(args) -> Plan:
     if args.quick:
         pl.points = (4, 8)
     return pl
+
+
+def read_calibration(path) -> dict:
+    """A calibration.json; its budget, points and blob_phase must be what its curve gives (PROTOCOL.md 32 px, the
+    rule summary.write_calibration applied): the plan derives the budget's points and the blob phase from the curve,
+    so a file edited by hand, or made by other code, is refused rather than half used."""
+    cal = json.loads(path.read_text())
+    curve = [tuple(p) for p in cal.get("curve", [])]
+    if not curve:  # a budget alone (no curve to check it against)
+        return cal
+    budget, blob = calibration_budget(curve), in_blob_phase(curve)
+    derived = {"budget": budget, "points": list(budget_points(budget, blob)), "blob_phase": blob}
+    wrong = [f"{k} {cal[k]} (its curve gives {v})" for k, v in derived.items() if k in cal and cal[k] != v]
+    if wrong:
+        raise ValueError(f"{path}: {'; '.join(wrong)} - edited by hand or made by other code; rerun --calibrate")
+    return cal
 
 
 def choose_methods(args, pl: Plan, calibration: dict | None) -> list[str]:
