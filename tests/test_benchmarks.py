@@ -266,10 +266,13 @@ def test_quick_mode_runs_every_stage(tmp_path):
     # a lost work folder (a new machine): the finished runs come back from the records kept beside the table
     kept = sorted(p.name for p in (out / "runs").iterdir())
     assert kept == sorted(f"{m}_seed0.{f}" for m in ("uniform", "adaptive") for f in ("stats.jsonl", "provenance.json",
-                                                                                        "run_info.json"))
+                                                                                        "run_info.json", "segments.jsonl"))
+    segments = {m: (out / "runs" / f"{m}_seed0.segments.jsonl").read_text() for m in ("uniform", "adaptive")}
     shutil.rmtree(work)
     proc = run_cli("benchmarks/compare_methods.py", argv)
     assert proc.stdout.count("restored the finished run") == 2 and "training runs" not in proc.stdout
+    # the restored runs carry their launch records back, unchanged (a restore is not a new launch)
+    assert {m: (work / "runs" / f"{m}_seed0" / "segments.jsonl").read_text() for m in segments} == segments
     again = json.loads((out / "results.json").read_text())
     assert [(r["method"], r["evals"]) for r in again["rows"]] == [(r["method"], r["evals"]) for r in res["rows"]]
 
