@@ -10,11 +10,16 @@ A run is stopped the way a preemption stops it: SIGTERM to the process holding t
 evaluation in progress, writes its checkpoint and exits 0), after SIGTERM to the compare_methods.py that started it,
 so that the benchmark neither starts the next run nor writes a partial report. Nothing is deleted unless the run has
 a checkpoint that verifies (manifest, sizes, sha256); an older checkpoint is deleted only once a newer one verifies.
+
+A finished run (its pipeline exported at its newest checkpoint's step) has nothing to resume: it is neither pruned nor
+staged, and a copy of it that an earlier park staged is taken out of the index (git rm --cached; the files stay), since
+a fresh checkout would resume that older checkpoint. compare_methods.py keeps each finished run's records in OUT/runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -79,6 +84,16 @@ def stop(runs: list[Path], timeout: float, log) -> list[Path]:
     return held
 
 
+def finished_step(run: Path) -> int | None:
+    """The step of a run that has finished (its exported pipeline is of its newest checkpoint's step), or None."""
+    try:
+        exported = json.loads(artifact(run, "export_record").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    steps = [checkpoint_step(c) for c in list_checkpoints(run)]
+    return exported if steps and exported == max(steps) else None
+
+
 def newest_valid(run: Path, log) -> Path | None:
     """The checkpoint a resume would load (the newest that verifies: manifest, sizes, sha256), or None."""
     try:
@@ -102,6 +117,18 @@ def stage(runs: list[Path], dry_run: bool, log) -> None:
     log(("would run: " if dry_run else "") + " ".join(cmd))
     if not dry_run:
         subprocess.run(cmd, check=True, cwd=runs[0])  # the repository that holds the runs
+
+
+def unstage(runs: list[Path], dry_run: bool, log) -> None:
+    """Take each finished run's files out of git's index (they stay on disk): a parked copy of an earlier step would
+    make a fresh checkout resume the run from there."""
+    for run in runs:
+        tracked = subprocess.run(["git", "ls-files", "--", str(run)], cwd=run, capture_output=True, text=True).stdout
+        if tracked.strip():
+            log(f"{run}: {'would take' if dry_run else 'taking'} its earlier parked copy out of the index "
+                "(git rm -r --cached; the files stay)")
+            if not dry_run:
+                subprocess.run(["git", "rm", "-r", "-q", "--cached", "--", str(run)], cwd=run, check=True)
 
 
 def size_mb(path: Path) -> float:
@@ -143,7 +170,10 @@ def main(argv=None) -> int:
             print(f"park_runs: error: still training after {args.timeout:.0f} s: {', '.join(map(str, held))}; "
                   "nothing pruned or staged", file=sys.stderr)
             return 1
-    keep = {run: newest_valid(run, log) for run in runs}
+    finished = {run: step for run in runs if (step := finished_step(run)) is not None}
+    for run, step in finished.items():
+        log(f"{run}: finished at step {step}: nothing to resume, not parked")
+    keep = {run: newest_valid(run, log) for run in runs if run not in finished}
     broken = [run for run, c in keep.items() if c is None]
     if broken:
         print(f"park_runs: error: {broken[0]} has no checkpoint that verifies; nothing pruned or staged",
@@ -153,7 +183,9 @@ def main(argv=None) -> int:
         prune(run, c, args.dry_run, log)
         log(f"{run}: {'keeps' if args.dry_run else 'parked at'} step {checkpoint_step(c)} ({size_mb(run):.1f} MB)")
     if not args.no_stage:
-        stage(runs, args.dry_run, log)
+        unstage(list(finished), args.dry_run, log)
+        if keep:
+            stage(list(keep), args.dry_run, log)
         if not args.dry_run:
             log("staged; commit them (each park adds its size to the repository's history)")
     return 0

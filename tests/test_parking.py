@@ -1,7 +1,7 @@
 """Runs that outlive their machine. benchmarks/park_runs.py: a parked run keeps exactly its newest checkpoint that
 verifies, a run is stopped through its preemption path (and the benchmark that started it first), and nothing is
 deleted when a run cannot be parked. benchmarks/same_run.py: a resumed run's log equals the original's, a divergence
-is found."""
+is found. A finished run is not parked, and a copy an earlier park staged leaves git's index."""
 
 from __future__ import annotations
 
@@ -142,6 +142,37 @@ def test_staging_adds_the_ignored_run_folder_but_not_its_lock(tmp_path):
     staged = git("diff", "--cached", "--name-only").split()
     assert "_work/run_seed0/checkpoint-500/model.safetensors" in staged and "_work/run_seed0/stats.jsonl" in staged
     assert not any("checkpoint-250" in s or s.endswith(".lock") for s in staged)
+
+
+def test_a_finished_run_is_not_parked_and_its_earlier_parked_copy_leaves_the_index(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout  # noqa
+    git("init", "-q")
+    (repo / ".gitignore").write_text("_work/\n")
+    done = make_run(repo / "_work" / "adaptive_seed10", [4000])
+    going = make_run(repo / "_work" / "uniform_seed10", [4250])
+    assert park([str(repo / "_work")]) == 0  # the earlier park: both runs unfinished
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "park")
+    make_checkpoint(done, 6000)  # then both train on; one finishes and exports its pipeline of step 6000
+    (done / "export.json").write_text(json.dumps({"step": 6000, "metrics": {}}))
+    make_checkpoint(going, 5000)
+    capsys.readouterr()
+    assert park([str(repo / "_work"), "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert f"{done}: finished at step 6000" in out and "would take its earlier parked copy out" in out
+    assert git("diff", "--cached", "--name-only") == "" and checkpoints(done) == ["checkpoint-4000", "checkpoint-6000"]
+    assert park([str(repo / "_work")]) == 0
+    assert checkpoints(done) == ["checkpoint-4000", "checkpoint-6000"]  # a finished run: nothing pruned
+    assert checkpoints(going) == ["checkpoint-5000"]
+    tracked = git("ls-files", "--cached").split()
+    assert not any(t.startswith("_work/adaptive_seed10/") for t in tracked)  # out of the index...
+    assert (done / "checkpoint-4000" / "model.safetensors").is_file()  # ...and still on disk
+    assert "_work/uniform_seed10/checkpoint-5000/model.safetensors" in tracked
+    assert not any("checkpoint-4250" in t for t in tracked)
+    (done / "export.json").write_text(json.dumps({"step": 4000, "metrics": {}}))  # exported before its newest step:
+    assert park([str(done), "--no_stage"]) == 0  # not finished, so parked as usual
+    assert checkpoints(done) == ["checkpoint-6000"]
 
 
 def write_stats(path: Path, losses: list[float], fds: dict[int, float], seconds: float = 0.0) -> Path:
