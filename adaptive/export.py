@@ -17,7 +17,7 @@ from typing import Optional
 from .config import TrainConfig
 from .faults import writing
 from .model_card import build_model_card, write_model_card
-from .rundir import ARTIFACTS, EXPORT_OLD, EXPORT_TMP, artifact
+from .rundir import ARTIFACTS, EXPORT_OLD, EXPORT_TMP, artifact, exported_step
 
 __all__ = ["card_for_repo", "export_pipeline", "finished_run", "swap_in"]
 
@@ -81,8 +81,4 @@ def finished_run(cfg: TrainConfig, progress, max_steps: int) -> Optional[str]:
         why = f"--max_train_minutes budget of {cfg.max_train_minutes:g} min spent at step {progress.step}"
     else:
         return None
-    try:
-        exported = json.loads(artifact(Path(cfg.output_dir), "export_record").read_text())["step"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return why if exported == progress.step else None
+    return why if exported_step(Path(cfg.output_dir)) == progress.step else None

@@ -50,6 +50,14 @@ def artifact(out: Path, name: str) -> Path:
     return Path(out) / ARTIFACTS[name][0]
 
 
+def exported_step(out: Path) -> Optional[int]:
+    """The step of the pipeline exported in `out` (its export.json), or None: no export, or a record cut short."""
+    try:
+        return json.loads(artifact(out, "export_record").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def run_holds_training(out: Path) -> bool:
     """A folder holds a run if it has any of the marking artifacts or a checkpoint."""
     markers = [path for path, _, marks in ARTIFACTS.values() if marks]
@@ -277,10 +285,7 @@ def set_branch_aside(out: Path, resume_from: Path, log) -> Optional[Path]:
     if step is None or resume_from.resolve().parent != out.resolve():
         return None
     newer = [c for c in list_checkpoints(out) if checkpoint_step(c) > step]
-    try:
-        export_step = json.loads(artifact(out, "export_record").read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError):
-        export_step = None
+    export_step = exported_step(out)
     export = [path for name in ("model_index", "unet", "scheduler", "model_card", "export_record")
               for path in [ARTIFACTS[name][0]] if (out / path).exists()] \
         if export_step is not None and export_step > step else []
@@ -412,7 +417,7 @@ def git_commit() -> Optional[str]:
         return None
 
 
-__all__ = ["ARTIFACTS", "EXPORT_OLD", "EXPORT_TMP", "artifact", "check_output_dir", "discard_aside",
-           "fresh_start_line", "git_commit", "hub_patterns", "lock_output_dir", "prepare_for_training", "public_bytes",
-           "resolve_aside", "restore_aside", "run_files", "rerun_command", "run_holds_training", "run_info",
-           "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]
+__all__ = ["ARTIFACTS", "EXPORT_OLD", "EXPORT_TMP", "artifact", "check_output_dir", "discard_aside", "exported_step",
+           "fresh_start_line", "git_commit", "hub_patterns", "lock_output_dir", "prepare_for_training",
+           "public_bytes", "resolve_aside", "restore_aside", "run_files", "rerun_command", "run_holds_training",
+           "run_info", "run_secrets", "scrubbed_argv", "scrubbed_command", "write_run_records"]

@@ -19,7 +19,6 @@ a fresh checkout would resume that older checkpoint. compare_methods.py keeps ea
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from adaptive.checkpoint import checkpoint_step, find_latest, list_checkpoints  # noqa: E402
 from adaptive.config import ConfigError  # noqa: E402
-from adaptive.rundir import artifact, lock_holder, run_holds_training  # noqa: E402
+from adaptive.rundir import artifact, exported_step, lock_holder, run_holds_training  # noqa: E402
 
 
 def run_folders(paths: list[Path]) -> list[Path]:
@@ -86,12 +85,9 @@ def stop(runs: list[Path], timeout: float, log) -> list[Path]:
 
 def finished_step(run: Path) -> int | None:
     """The step of a run that has finished (its exported pipeline is of its newest checkpoint's step), or None."""
-    try:
-        exported = json.loads(artifact(run, "export_record").read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    exported = exported_step(run)
     steps = [checkpoint_step(c) for c in list_checkpoints(run)]
-    return exported if steps and exported == max(steps) else None
+    return exported if exported is not None and steps and exported == max(steps) else None
 
 
 def newest_valid(run: Path, log) -> Path | None:

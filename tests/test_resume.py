@@ -389,6 +389,9 @@ def test_a_run_is_finished_only_once_its_last_step_is_exported(tmp_path):
     cfg.max_train_minutes = 1.0
     assert "budget of 1 min spent" in finished_run(cfg, Progress(step=10, train_seconds=61.0), 20)
     assert finished_run(cfg, Progress(step=10, train_seconds=59.0), 20) is None
+    for cut_short in ('{"step": 10', '[10]', '{"metrics": {}}'):  # a record a crash or a hand cut short is no export
+        (tmp_path / "export.json").write_text(cut_short)
+        assert finished_run(cfg, Progress(step=10), 10) is None
 
 
 def test_a_fresh_start_names_its_folder_and_preset_and_a_replacement_says_so(tmp_path):
