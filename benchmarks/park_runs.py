@@ -87,7 +87,7 @@ def finished_step(run: Path) -> int | None:
     """The step of a run that has finished (its exported pipeline is of its newest checkpoint's step), or None."""
     exported = exported_step(run)
     steps = [checkpoint_step(c) for c in list_checkpoints(run)]
-    return exported if exported is not None and steps and exported == max(steps) else None
+    return exported if steps and exported == max(steps) else None
 
 
 def newest_valid(run: Path, log) -> Path | None:
