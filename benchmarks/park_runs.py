@@ -11,6 +11,9 @@ evaluation in progress, writes its checkpoint and exits 0), after SIGTERM to the
 so that the benchmark neither starts the next run nor writes a partial report. Nothing is deleted unless the run has
 a checkpoint that verifies (manifest, sizes, sha256); an older checkpoint is deleted only once a newer one verifies.
 
+A folder with no checkpoint at all (a finished run's records that compare_methods.py restored from OUT/runs into a
+fresh checkout, or a run not yet at its first checkpoint) has nothing to park and is left alone.
+
 A finished run (its pipeline exported at its newest checkpoint's step) has nothing to resume: it is neither pruned nor
 staged, and a copy of it that an earlier park staged is taken out of the index (git rm --cached; the files stay), since
 a fresh checkout would resume that older checkpoint. compare_methods.py keeps each finished run's records in OUT/runs.
@@ -169,7 +172,10 @@ def main(argv=None) -> int:
     finished = {run: step for run in runs if (step := finished_step(run)) is not None}
     for run, step in finished.items():
         log(f"{run}: finished at step {step}: nothing to resume, not parked")
-    keep = {run: newest_valid(run, log) for run in runs if run not in finished}
+    empty = [run for run in runs if run not in finished and not list_checkpoints(run)]
+    for run in empty:
+        log(f"{run}: no checkpoint (records only, or not yet at its first one): nothing to park")
+    keep = {run: newest_valid(run, log) for run in runs if run not in finished and run not in empty}
     broken = [run for run, c in keep.items() if c is None]
     if broken:
         print(f"park_runs: error: {broken[0]} has no checkpoint that verifies; nothing pruned or staged",

@@ -70,6 +70,14 @@ def test_a_run_without_a_valid_checkpoint_stops_everything_before_any_deletion(t
     assert checkpoints(good) == ["checkpoint-250", "checkpoint-500"]
 
 
+def test_a_folder_without_checkpoints_is_left_alone_and_the_others_are_parked(tmp_path, capsys):
+    restored = make_run(tmp_path / "work" / "adaptive_seed10", [])  # a finished run's records, restored from OUT/runs
+    run = make_run(tmp_path / "work" / "min_snr_seed10", [5000, 5266])
+    assert park([str(tmp_path / "work"), "--no_stage"]) == 0
+    assert f"{restored}: no checkpoint" in capsys.readouterr().out
+    assert checkpoints(run) == ["checkpoint-5266"] and (restored / "stats.jsonl").is_file()
+
+
 def test_dry_run_and_bad_paths_change_nothing(tmp_path, capsys):
     run = make_run(tmp_path / "run", [250, 500])
     assert park([str(run), "--dry_run"]) == 0
