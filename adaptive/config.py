@@ -282,6 +282,20 @@ _TINY_MODEL = dict(
     up_block_types=("UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
     attention_head_dim=8,  # UNet2DModel's default, as the benchmark protocol's model
     dropout=0.0,
+    # PROTOCOL.md v4: 4-8 channels per GroupNorm group, as ddpm-cifar10 (128 / 32). The default 32 groups put one
+    # channel in each group at the first level and in the output head (protocol v1-v3): a long colour-blob phase
+    # the users' model does not have (docs/adaptive.md).
+    norm_num_groups=8,
+)
+# ddpm-cifar10's topology at a quarter of its width (PROTOCOL.md v4, "Toward the users' model").
+_SMALL_MODEL = dict(
+    block_out_channels=(32, 64, 64, 64),
+    layers_per_block=2,
+    down_block_types=("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=None,
+    dropout=0.1,
+    norm_num_groups=8,
 )
 _TINY_TRAINING = dict(
     learning_rate=2e-3,
@@ -325,6 +339,8 @@ PRESETS: dict[str, dict] = {
     "cpu-tiny": dict(resolution=32, **_TINY_MODEL, **_TINY_TRAINING),
     # Exactly the model and training settings of shared/benchmark/PROTOCOL.md (16 px CIFAR-10).
     "cpu-tiny16": dict(resolution=16, **_TINY_MODEL, **_TINY_TRAINING),
+    # ddpm-cifar10 at a quarter width (~2.2M parameters), 32 px, with the CPU presets' training settings.
+    "cpu-small": dict(resolution=32, **_SMALL_MODEL, **_TINY_TRAINING),
 }
 
 # Closed sets of values, checked by the parser (one-line error on anything else); each field's `choices`.

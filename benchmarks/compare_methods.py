@@ -31,11 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from adaptive.config import PRESETS  # noqa: E402
+
 from bench.costs import cost_ratios  # noqa: E402
 from bench.farm import collect_rows, keep_finished_run, keep_run_logs, pending_jobs, run_all  # noqa: E402
 from bench.plans import make_plan  # noqa: E402
 from bench.protocol import LONG_TARGETS, METHODS, PROTOCOL_DATA, PROTOCOL_FEATURES, order, variants  # noqa: E402
-from bench.provenance import code_hash, git, machine, versions  # noqa: E402
+from bench.provenance import code_hash, git, machine, model_of, versions  # noqa: E402
 from bench.quick import quick_setup  # noqa: E402
 from bench.report import render_stored, write_report  # noqa: E402
 from bench.summary import aggregate, select_tuned, speedups_at, write_calibration  # noqa: E402
@@ -50,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--protocol", choices=["16", "32"], default="16",
                    help="16: cpu-tiny16, budget 2000; 32: cpu-tiny, budget B from --calibration (PROTOCOL.md)")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                   help="the runs' preset (default cpu-tiny16 at 16 px, cpu-tiny at 32 px; cpu-small: PROTOCOL.md v4's "
+                        "quarter-width users' model)")
     p.add_argument("--tune_uniform", action="store_true",
                    help="run PROTOCOL.md's lr x beta2 grid for uniform on development seed 0 and select uniform-tuned")
     p.add_argument("--ablation", action="store_true",
@@ -64,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--calibration", type=Path, default=None, help="calibration.json of a --calibrate run (32 px)")
     p.add_argument("--reference", default=None, help="the baseline speed-ups are against (default uniform-tuned "
                                                      "with --tuned, else uniform)")
-    p.add_argument("--claim", action="store_true", help="a claim table: training seeds 10-12 on a committed, "
+    p.add_argument("--claim", action="store_true", help="a claim table: training seeds 13-15 on a committed, "
                                                         "clean tree (the frozen method); refused otherwise")
     p.add_argument("--data", type=Path, default=PROTOCOL_DATA)
     p.add_argument("--feature_extractor", type=Path, default=PROTOCOL_FEATURES)
@@ -123,7 +128,7 @@ def table_meta(args, argv, pl, date: str, this_hash: str, rows: list[dict], excl
             "reference": pl.reference, "baselines": pl.baselines, "tuned": pl.tuned,
             "tuned_file": str(args.tuned_file) if args.tuned_file else None, "excluded": excluded,
             "protocol": "shared/benchmark/PROTOCOL.md", "quick": args.quick, "blob_phase": pl.blob_phase,
-            "mixed_precision": args.mixed_precision}
+            "mixed_precision": args.mixed_precision, "model": model_of(pl.preset, args.extra)}
 
 
 def main(argv=None) -> int:

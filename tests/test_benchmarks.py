@@ -173,9 +173,14 @@ def test_a_calibration_that_never_leaves_the_blob_phase_sets_b_6000_and_the_tabl
 
 def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     with pytest.raises(ValueError, match="claim seeds"):
+        make_plan(parse_args(["--seeds", "0", "13"]))
+    with pytest.raises(ValueError, match="seeds \\[13, 14, 15\\]"):
+        make_plan(parse_args(["--claim", "--seeds", "13", "14"]))
+    with pytest.raises(ValueError, match="v3's claim tables"):  # v4: the spent v3 claim seeds in no new table
         make_plan(parse_args(["--seeds", "0", "10"]))
-    with pytest.raises(ValueError, match="seeds \\[10, 11, 12\\]"):
-        make_plan(parse_args(["--claim", "--seeds", "10", "11"]))
+    with pytest.raises(ValueError, match="v3's claim tables"):
+        make_plan(parse_args(["--claim", "--seeds", "10", "11", "12"]))
+    assert make_plan(parse_args(["--seeds", "10", "11", "12", "--report_only"])).seeds == [10, 11, 12]
     tuned = tmp_path / "t.json"
     tuned.write_text(json.dumps({"learning_rate": 4e-3, "adam_beta2": 0.99}))
     pl = make_plan(parse_args(["--tuned", str(tuned), "--seeds", "0"]))

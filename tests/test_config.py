@@ -49,14 +49,15 @@ def test_ddpm_cifar10_preset_is_the_papers_model():
 
 
 def test_cpu_tiny16_is_exactly_the_benchmark_protocol():
-    """shared/benchmark/PROTOCOL.md, 'Fixed setting' table."""
+    """shared/benchmark/PROTOCOL.md v4, 'Fixed setting' table."""
     cfg = resolve_config(parse_args(["--preset", "cpu-tiny16"]))
     unet = build_unet(cfg)
     c = unet.config
     assert c.sample_size == 16 and tuple(c.block_out_channels) == (32, 64, 64) and c.layers_per_block == 1
     assert tuple(c.down_block_types) == ("DownBlock2D", "AttnDownBlock2D", "DownBlock2D")
     assert tuple(c.up_block_types) == ("UpBlock2D", "AttnUpBlock2D", "UpBlock2D")
-    assert c.attention_head_dim == 8 and c.dropout == 0.0 and c.norm_num_groups == 32  # UNet2DModel defaults
+    assert c.attention_head_dim == 8 and c.dropout == 0.0  # UNet2DModel defaults
+    assert c.norm_num_groups == 8  # v4: 4-8 channels per GroupNorm group, as ddpm-cifar10 (v1-v3: 32, one channel)
     assert 1.0e6 < count_parameters(unet) < 1.2e6
     assert (cfg.learning_rate, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_weight_decay) == (2e-3, 0.9, 0.999, 0.0)
     assert (cfg.lr_scheduler, cfg.lr_warmup_steps, cfg.max_grad_norm, cfg.train_batch_size) == \
@@ -65,6 +66,16 @@ def test_cpu_tiny16_is_exactly_the_benchmark_protocol():
     assert (cfg.use_ema, cfg.ema_max_decay, cfg.ema_warmup) == (True, 0.995, "ratio")
     assert cfg.max_train_steps == 2000 and cfg.ddpm_num_inference_steps == 50
     assert (cfg.ddpm_num_steps, cfg.ddpm_beta_schedule, cfg.prediction_type) == (1000, "linear", "epsilon")
+
+
+def test_cpu_small_is_ddpm_cifar10_at_a_quarter_width():
+    """PROTOCOL.md v4, 'Toward the users' model': ddpm-cifar10's topology with every width divided by 4."""
+    small = build_unet(resolve_config(parse_args(["--preset", "cpu-small"]))).config
+    full = build_unet(resolve_config(parse_args(["--preset", "ddpm-cifar10"]))).config
+    assert tuple(small.block_out_channels) == tuple(c // 4 for c in full.block_out_channels) == (32, 64, 64, 64)
+    same = ("sample_size", "layers_per_block", "down_block_types", "up_block_types", "attention_head_dim", "dropout")
+    assert {k: small[k] for k in same} == {k: full[k] for k in same}
+    assert small.norm_num_groups == 8 and full.norm_num_groups == 32  # 4 channels per group at the narrowest level
 
 
 def test_flags_override_the_preset_and_the_config_round_trips():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .protocol import (ABLATIONS, BUDGET, CALIBRATION_STEPS, CLAIM_METHODS, CLAIM_SEEDS, EVAL_POINTS, LONG_POINTS,
+from .protocol import (ABLATIONS, BUDGET, CALIBRATION_STEPS, CLAIM_METHODS, CLAIM_SEEDS, EVAL_POINTS,
+                       SPENT_SEEDS, LONG_POINTS,
                        LONG_STEPS, METHODS, TUNING_SEED, UNDER_TEST, budget_points, calibration_budget, grid_name,
                        grid_variants, in_blob_phase, recheck_points, variants)
 from .provenance import dirty
@@ -18,12 +19,12 @@ class Plan(argparse.Namespace):
 
 def make_plan(args) -> Plan:
     """Resolve the invocation's table from its flags (ConfigError-style messages as ValueError)."""
-    pl = Plan(table="dev", preset="cpu-tiny16", tuned=None, reference=args.reference, baselines=None)
+    pl = Plan(table="dev", preset=args.preset or "cpu-tiny16", tuned=None, reference=args.reference, baselines=None)
     if args.tuned:
         pl.tuned = json.loads(args.tuned.read_text())
     calibration = read_calibration(args.calibration) if args.calibration else None
     if args.protocol == "32":
-        pl.preset = "cpu-tiny"
+        pl.preset = args.preset or "cpu-tiny"
     pl.seeds = list(args.seeds)
     pl.methods = choose_methods(args, pl, calibration)  # may fix the seeds (tune, calibrate)
     check_seeds(args, pl)
@@ -95,9 +96,14 @@ def choose_methods(args, pl: Plan, calibration: dict | None) -> list[str]:
 
 
 def check_seeds(args, pl: Plan) -> None:
-    """Claim seeds only in a --claim table, which runs exactly them on a committed, clean tree."""
+    """Claim seeds only in a --claim table, which runs exactly them on a committed, clean tree; v3's claim seeds in
+    no new table (a --report_only of their committed tables re-renders them)."""
     if args.claim:
         pl.table = "claim"
+    spent = sorted(set(pl.seeds) & set(SPENT_SEEDS))
+    if spent and not args.report_only:
+        raise ValueError(f"training seeds {spent} hold protocol v3's claim tables (history): use development seeds "
+                         f"0-2 or, for a --claim table, {list(CLAIM_SEEDS)}")
     claim_seeds = sorted(set(pl.seeds) & set(CLAIM_SEEDS))
     if claim_seeds and not args.claim:
         raise ValueError(f"training seeds {claim_seeds} are the protocol's claim seeds: only a --claim table may use "

@@ -20,10 +20,11 @@ PROTOCOL_FEATURES = SHARED / "eval" / "cifar10-proxy-features.pt"
 BUDGET = 2000  # uniform-equivalent optimizer steps
 EVAL_POINTS = (500, 1000, 1250, 1500, 1750, 2000)
 COST_FREE = 1.02  # cost ratios up to this use the uniform step counts (PROTOCOL.md)
-CLAIM_SEEDS = (10, 11, 12)  # PROTOCOL.md: run once, on a frozen method; no development run may use them
-# PROTOCOL.md v3: what a claim table runs at each resolution (others may be added, none left out)
+CLAIM_SEEDS = (13, 14, 15)  # PROTOCOL.md v4: run once, on a frozen method; no development run may use them
+SPENT_SEEDS = (10, 11, 12)  # v3's claim seeds: their tables stay in docs/ as history; no new table may use them
+# PROTOCOL.md v4: what a claim table runs at each resolution (others may be added, none left out)
 CLAIM_METHODS = {"16": ("uniform-tuned", "adaptive", "min_snr", "iddpm", "edm2_uncertainty"),
-                 "32": ("uniform-tuned", "adaptive", "min_snr")}
+                 "32": ("uniform-tuned", "adaptive", "min_snr", "edm2_uncertainty")}
 CALIBRATION_STEPS = 6000  # 32 px calibration: uniform-tuned on seed 0, evaluated every 500 steps
 CALIBRATION_TOLERANCE = 0.15  # "within 15%" of the calibration rule and of its blob-phase test
 BLOB_POINTS = (1500, 3000, 4500, 6000)  # a 32 px table's points when the calibration never left the blob phase

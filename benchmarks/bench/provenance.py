@@ -85,3 +85,22 @@ def versions() -> dict:
 
     return {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
             "accelerate": accelerate.__version__}
+
+
+def model_of(preset: str, extra: list[str]) -> dict:
+    """The model a table's runs train (PROTOCOL.md v4: every results.json names it): the preset with the runs' extra
+    flags applied -> block_out_channels, layers_per_block, norm_num_groups, channels per group at the narrowest
+    level, attention blocks, dropout and the parameter count."""
+    from adaptive.config import OneLineParser, add_config_arguments, resolve_config
+    from adaptive.model import build_unet, count_parameters
+
+    argv = ["--preset", preset, *extra]
+    parser = OneLineParser(prog="model_of")
+    add_config_arguments(parser, argv)
+    args, _ = parser.parse_known_args(argv)
+    cfg = resolve_config(args)
+    return {"preset": preset, "resolution": cfg.resolution, "block_out_channels": list(cfg.block_out_channels),
+            "layers_per_block": cfg.layers_per_block, "norm_num_groups": cfg.norm_num_groups,
+            "min_channels_per_group": min(cfg.block_out_channels) // cfg.norm_num_groups,
+            "down_block_types": list(cfg.down_block_types), "dropout": cfg.dropout,
+            "parameters": count_parameters(build_unet(cfg))}

@@ -46,7 +46,9 @@ STEPS = 42  # past kim2025's first policy update (every 40 optimizer steps)
 
 def args(data: str, features: str, out: Path, precision: str) -> list[str]:
     """A few seconds per method: batch 4 x 2 accumulation, 42 steps, an 8-image evaluation at the end."""
-    return ["--preset", "cpu-tiny16", "--mixed_precision", precision, "--train_data_dir", data,
+    # --norm_num_groups 32: the model every record was made with (cpu-tiny16 before PROTOCOL.md v4 gave it 8 groups);
+    # pinned, so that the records of every platform stay valid - the guard is for the code, not the preset.
+    return ["--preset", "cpu-tiny16", "--norm_num_groups", "32", "--mixed_precision", precision, "--train_data_dir", data,
             "--output_dir", str(out), "--logger", "none",
             "--max_train_steps", str(STEPS), "--ddpm_num_inference_steps", "4",
             "--train_batch_size", "4", "--gradient_accumulation_steps", "2", "--lr_warmup_steps", "5",
