@@ -215,11 +215,11 @@ def test_a_claim_table_runs_the_protocol_s_methods_at_each_resolution(tmp_path, 
     tuned, cal = tmp_path / "t.json", tmp_path / "c.json"
     tuned.write_text(json.dumps({"learning_rate": 2e-3, "adam_beta2": 0.99}))
     cal.write_text(json.dumps({"budget": 6000}))
-    claim = ["--claim", "--seeds", "10", "11", "12", "--tuned", str(tuned)]
+    claim = ["--claim", "--seeds", "13", "14", "15", "--tuned", str(tuned)]
     assert make_plan(parse_args(claim)).methods == ["uniform-tuned", "adaptive", "min_snr", "iddpm",
                                                     "edm2_uncertainty"]
     px32 = make_plan(parse_args([*claim, "--protocol", "32", "--calibration", str(cal)]))
-    assert px32.methods == ["uniform-tuned", "adaptive", "min_snr"] and px32.preset == "cpu-tiny"
+    assert px32.methods == ["uniform-tuned", "adaptive", "min_snr", "edm2_uncertainty"] and px32.preset == "cpu-tiny"
     assert "p2" in make_plan(parse_args([*claim, "--methods", *CLAIM_METHODS["16"], "p2"])).methods  # added: fine
     with pytest.raises(ValueError, match="iddpm, edm2_uncertainty left out"):
         make_plan(parse_args([*claim, "--methods", "uniform-tuned", "adaptive", "min_snr"]))

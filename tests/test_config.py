@@ -174,7 +174,7 @@ def test_help_is_grouped_by_section_and_shows_the_presets_defaults(capsys):
     assert "--block_out_channels" in model and "cpu-tiny16: 32,64,64" in model and "--learning_rate" not in model
     optim = text[text.index("optimisation:"):]
     assert "--learning_rate" in optim \
-        and "[default 0.0002; cpu-tiny: 0.002; cpu-tiny16: 0.002]" in " ".join(optim.split())
+        and "[default 0.0002; cpu-tiny: 0.002; cpu-tiny16: 0.002; cpu-small: 0.002]" in " ".join(optim.split())
 
 
 @pytest.mark.parametrize("script", ["train_accelerate", "sample", "evaluate_fid", "reconstruct_ema"])
