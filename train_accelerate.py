@@ -17,12 +17,12 @@ waiting for the Hub's answer to --dataset_name (adaptive/hub_wait.py; nothing wr
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-from adaptive.config import ConfigError, OneLineParser, add_config_arguments, precision_override, resolve_config
+from adaptive.config import (ConfigError, OneLineParser, add_config_arguments, precision_override, read_config,
+                             resolve_config)
 from adaptive.control import StopControl
 from adaptive.faults import lost_peer, out_of_memory, run_cli
 
@@ -37,22 +37,28 @@ def parse_args(argv=None):
 
 
 def saved_config(args) -> dict:
-    """--config FILE, else when resuming the run's config.json (the checkpoint's, for a checkpoint path), else {}."""
+    """--config FILE, else when resuming the run's config.json (the checkpoint's, for a checkpoint path), else {}. An
+    unreadable run config.json falls back to its newest checkpoint's, saying so (every checkpoint holds the config)."""
     if args.config:
-        path = Path(args.config).expanduser()
-    elif isinstance(args.resume_from_checkpoint, str) and args.resume_from_checkpoint.lower() not in ("none", "null"):
-        ckpt = Path(args.resume_from_checkpoint).expanduser()
-        path = ckpt / "config.json" if ckpt.is_dir() else Path(args.output_dir or "runs/ddpm") / "config.json"
-        if not path.is_file() and not ckpt.is_dir():  # the run's own config.json deleted: its newest checkpoint's
-            path = newest_checkpoint_config(path.parent) or path
-        if not path.is_file():
-            return {}  # nothing to continue yet: a new run with this command
-    else:
+        return read_config(Path(args.config).expanduser())
+    if not (isinstance(args.resume_from_checkpoint, str)
+            and args.resume_from_checkpoint.lower() not in ("none", "null")):
         return {}
+    ckpt = Path(args.resume_from_checkpoint).expanduser()
+    if ckpt.is_dir():
+        return read_config(ckpt / "config.json") if (ckpt / "config.json").is_file() else {}
+    path = Path(args.output_dir or "runs/ddpm") / "config.json"
+    fallback = newest_checkpoint_config(path.parent)
+    if not path.is_file():  # the run's own config.json deleted: its newest checkpoint's (none: a new run)
+        return read_config(fallback) if fallback else {}
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read the config {path} ({type(e).__name__})") from None
+        return read_config(path)
+    except ConfigError as e:
+        if fallback is None:
+            raise
+        print(f"train_accelerate.py: warning: {e}; resuming with {fallback.parent.name}'s config.json instead",
+              file=sys.stderr)
+        return read_config(fallback)
 
 
 def newest_checkpoint_config(out: Path):

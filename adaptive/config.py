@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import re
 import sys
 import types
 import typing
@@ -28,12 +26,12 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .fields import check_fields, help_of, sections, setting
+from .secrets import SECRET_FIELDS, scrub_text
 
 if typing.TYPE_CHECKING:
     from .timesteps.base import TimestepSampler
 
 # Values that are never written to disk (config.json, trackers, checkpoints, model cards).
-SECRET_FIELDS = ("hub_token",)
 
 
 @dataclass(frozen=True)
@@ -362,33 +360,7 @@ class OneLineParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message):  # noqa: D401
-        self.exit(2, f"{self.prog}: error: {scrub_secrets(message, getattr(self, '_argv', []))}\n")
-
-
-_SECRET_WORDS = ("tok", "secret", "passw", "apikey", "api_key", "auth")
-_HF_TOKEN = re.compile(r"(?<![\w-])hf_[\w-]*")
-
-
-def looks_secret(flag: str) -> bool:
-    """A flag (however misspelled or abbreviated) that may carry a secret: --hub_token, --hub_t, --hubtoken,
-    --api-key."""
-    name = flag.lstrip("-").lower().replace("-", "_")
-    return any(w in name for w in _SECRET_WORDS) or any(len(name) >= 3 and f.startswith(name) for f in SECRET_FIELDS)
-
-
-def scrub_secrets(message: str, argv) -> str:
-    """`message` (an argparse error, which may echo arguments) with the values of secret-looking flags, any value
-    beginning `hf_` and $HF_TOKEN replaced by ***."""
-    values = {os.environ.get("HF_TOKEN", "").strip()}
-    argv = list(argv)
-    for i, a in enumerate(argv):
-        if a.startswith("-"):
-            flag, eq, value = a.partition("=")
-            if looks_secret(flag):
-                values.add(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
-    for v in sorted((v for v in values if v), key=len, reverse=True):
-        message = re.sub(rf"(?<![\w-]){re.escape(v)}(?![\w-])", "***", message)
-    return _HF_TOKEN.sub("***", message)
+        self.exit(2, f"{self.prog}: error: {scrub_text(message, getattr(self, '_argv', []))}\n")
 
 
 def _base_type(tp):
@@ -637,10 +609,24 @@ def load_run_config(run_dir: str) -> TrainConfig:
     path = Path(run_dir).expanduser() / "config.json"
     if not path.is_file():
         raise ConfigError(f"--like_run {run_dir} has no config.json (not a training run or checkpoint folder)")
+    saved = read_config(path)
     try:
-        return TrainConfig.from_dict(json.loads(path.read_text()))
+        return TrainConfig.from_dict(saved)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"the run config {path} does not hold a training config ({type(e).__name__}: {e})") from None
+
+
+def read_config(path: Path) -> dict:
+    """A saved config file: a JSON object, else a one-line ConfigError naming the file and the problem."""
+    try:
+        text = path.read_text()
+        saved = json.loads(text)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read the run config {path} ({type(e).__name__}: {e})") from None
+        why = "empty" if isinstance(e, ValueError) and not text.strip() else f"{type(e).__name__}: {e}"
+        raise ConfigError(f"cannot read the config {path} ({why})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"the config {path} is not a JSON object (got {type(saved).__name__})")
+    return saved
 
 
 def like_run_help(text: str, flag: str, table: dict) -> str:

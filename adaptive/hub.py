@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 from .config import ConfigError, TrainConfig
 from .hub_wait import REQUEST_TIMEOUT_S, use_request_timeout
+from .secrets import scrub_text
 from .rundir import hub_patterns, public_bytes, rerun_command
 
 __all__ = ["EXIT_UPLOAD_FAILED", "find_token", "resolve_token", "upload_patterns", "commit_files", "HubUploader",
@@ -55,8 +56,6 @@ _NEVER_PATTERNS = [
     "*/.checkpoint-*",
 ]
 
-_HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{20,}")
-_BEARER_RE = re.compile(r"(?i)\b(bearer\s+)(?!\*\*\*)[A-Za-z0-9._~+/=-]+")
 _NOISE_RE = re.compile(r"\s*For more information check: \S+")  # httpx's generic MDN link
 _MAX_LINE = 400
 
@@ -378,10 +377,7 @@ class HubUploader:
     # ------------------------------------------------------------------ logging
 
     def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        text = _BEARER_RE.sub(r"\1***", text)
-        return _HF_TOKEN_RE.sub("***", text)
+        return scrub_text(text, extra=self._secrets)
 
     def _describe(self, exc: BaseException) -> str:
         """One scrubbed, bounded line (scrubbed before truncation, so no partial secret survives)."""

@@ -24,7 +24,8 @@ import torch
 
 from .checkpoint import (changed_keys, checkpoint_step, describe_changes, incompatible_keys, list_checkpoints,
                          resolve_resume, rotate)
-from .config import SECRET_FIELDS, ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig
+from .secrets import SECRET_FIELDS, scrub_argv
 from .faults import check_output_path, writing
 from .model_card import redact_paths
 
@@ -357,8 +358,18 @@ def run_info(accelerator, cfg: TrainConfig, layout, num_params: int, data) -> di
 def write_run_records(out: Path, cfg: TrainConfig, info: dict, timesteps: dict) -> None:
     """config.json and run_info.json (main process)."""
     with writing("config.json and run_info.json", out):
-        artifact(out, "config").write_text(cfg.to_json())
-        artifact(out, "run_info").write_text(json.dumps({**info, "sampler": timesteps}, indent=2))
+        write_atomic(artifact(out, "config"), cfg.to_json())
+        write_atomic(artifact(out, "run_info"), json.dumps({**info, "sampler": timesteps}, indent=2))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds either its old text or `text`, never a part: written beside it, flushed, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def scrubbed_command(argv: list[str], secrets=()) -> str:
@@ -367,22 +378,9 @@ def scrubbed_command(argv: list[str], secrets=()) -> str:
 
 
 def scrubbed_argv(argv: list[str], secrets=()) -> list[str]:
-    """argv with the value of --hub_token replaced by ***, and every secret value in `secrets` (the parsed values of
-    the SECRET_FIELDS flags and $HF_TOKEN: run_secrets) wherever it occurs, however the flag was spelled."""
-    values = [v for v in secrets if v]
-    out, hide = [], False
-    secret_flags = [f"--{name}" for name in SECRET_FIELDS]
-    for a in argv:
-        if hide:
-            a, hide = "***", False
-        elif a in secret_flags:
-            hide = True
-        elif any(a.startswith(f + "=") for f in secret_flags):
-            a = a.split("=", 1)[0] + "=***"
-        for v in values:
-            a = a.replace(v, "***")
-        out.append(a)
-    return out
+    """argv with every secret hidden (adaptive/secrets.py: secret-looking flags' values, token-shaped strings, and the
+    parsed secret values `secrets` - run_secrets - wherever they occur)."""
+    return scrub_argv(argv, secrets)
 
 
 def run_secrets(cfg: TrainConfig) -> list[str]:

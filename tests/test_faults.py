@@ -422,9 +422,12 @@ def test_30_6_a_finite_blow_up_never_rotates_out_the_last_checkpoint_before_it(t
 @pytest.mark.slow
 def test_30_6_a_healthy_run_with_large_early_losses_never_trips_the_guard(tmp_path, image_folder):
     run = tmp_path / "run"
+    # --norm_num_groups 32: one channel per group at the first level (the v1-v3 protocol model), whose early losses
+    # are large and fall by more than 5x in a few steps - the case the guard must not mistake for a blow-up
     proc = run_cli("train_accelerate.py", tiny_args(
         image_folder, run, "--checkpointing_steps", "1", "--checkpoints_total_limit", "1", "--logging_steps", "1",
-        "--save_images_steps", "none", "--lr_warmup_steps", "0", "--learning_rate", "2e-3", "--max_train_steps", "15"))
+        "--save_images_steps", "none", "--lr_warmup_steps", "0", "--learning_rate", "2e-3", "--max_train_steps", "15",
+        "--norm_num_groups", "32"))
     losses = [json.loads(l)["loss"] for l in (run / "stats.jsonl").read_text().splitlines() if '"lr"' in l]
     assert max(losses[:3]) > 5 * min(losses), losses  # large early losses, falling
     assert "left its running range" not in proc.stdout
@@ -517,6 +520,45 @@ def test_30_10_latest_without_the_runs_config_json_takes_its_newest_checkpoints(
                           "latest"])
     out, err = capsys.readouterr()
     assert code == 0 and "nothing to train" in out and "different model" not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", ["", '{"seed": 4', "[]"])
+def test_57_an_unreadable_runs_config_json_falls_back_to_its_newest_checkpoints(broken, trained, tmp_path, capsys,
+                                                                                image_folder):
+    """Issue 57: an empty, truncated or non-object root config.json neither blocks the resume nor resumes silently
+    with defaults: the newest checkpoint's config is used, and the line says so; --config of such a file is one
+    line naming it."""
+    run, _ = fresh(trained, tmp_path)
+    (run / "config.json").write_text(broken)
+    argv = ["--output_dir", str(run), "--train_data_dir", str(image_folder), "--resume_from_checkpoint", "latest"]
+    code = main_of_train(argv)
+    out, err = capsys.readouterr()
+    assert code == 0 and "nothing to train" in out, err
+    assert "warning: " in err and "resuming with checkpoint-2's config.json instead" in err, err
+    assert "Traceback" not in err
+    code, err = cli(["--config", str(run / "config.json"), "--output_dir", str(tmp_path / "other")], capsys)
+    assert code == 2
+    one_line_error(err, 2, f"{run / 'config.json'}")
+
+
+def test_57_a_runs_config_json_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A crash while config.json is written leaves the old file (written beside it, then renamed)."""
+    import adaptive.rundir as rundir
+
+    target = tmp_path / "config.json"
+    target.write_text('{"seed": 1}')
+
+    def crash(*_):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(rundir.os, "replace", crash)
+    with pytest.raises(OSError):
+        rundir.write_atomic(target, '{"seed": 2, "much": "more"}')
+    assert target.read_text() == '{"seed": 1}'
+    monkeypatch.undo()
+    rundir.write_atomic(target, '{"seed": 2}')
+    assert target.read_text() == '{"seed": 2}' and not list(tmp_path.glob(".*.tmp"))
 
 
 def main_of_train(argv) -> int:
@@ -701,7 +743,8 @@ def test_9_every_cli_refuses_abbreviated_flags():
     ("evaluate_fid", ["--samples", "s"]), ("reconstruct_ema", ["--run_dir", "r", "--sigma_rel", "0.1"])])
 @pytest.mark.parametrize("spelling", [["--hub_t", "s3cr3t-value"], ["--hubtoken", SECRET], [f"--hub_tok={SECRET}"],
                                       ["--hub_token", SECRET], ["--api-key", "s3cr3t-value"], ["--whatever", SECRET],
-                                      ["--num_images", "3", "hf_PositionalSecret42"]])
+                                      ["--num_images", "3", "hf_PositionalSecret42"], ["--hubkey", "s3cr3tValue"],
+                                      ["--db_password=s3cr3tValue"], ["--auth", "s3cr3tValue"]])
 def test_30_8_argparse_errors_never_echo_a_token(module_name, base, spelling, capsys, monkeypatch):
     """Issue 30, finding 8: a misspelled or unknown token flag is refused without its value in the error line."""
     import importlib
@@ -715,9 +758,30 @@ def test_30_8_argparse_errors_never_echo_a_token(module_name, base, spelling, ca
         module.parse_args(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and "error:" in err, err
-    for secret in (SECRET, ENV_SECRET, "s3cr3t-value", "hf_PositionalSecret42"):
+    for secret in (SECRET, ENV_SECRET, "s3cr3t-value", "hf_PositionalSecret42", "s3cr3tValue"):
         assert secret not in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, hidden", [
+    (["--hubkey", "s3cr3tValue"], "s3cr3tValue"), (["--hubkey=s3cr3tValue"], "s3cr3tValue"),
+    (["--db-password", "pw-Value1"], "pw-Value1"), (["--my_secret", "x1"], "x1"), (["--auth_header", "Bearer-x"], "Bearer-x"),
+    (["--api_key", "abc"], "abc"), (["--hub_token", SECRET], SECRET), (["--note", "ghp_abcdefghijkl123"], "ghp_abcdefghijkl123"),
+    (["--note", "hf_anything"], "hf_anything")])
+def test_57_one_scrubber_hides_any_secret_looking_flag_and_token_shaped_value(argv, hidden):
+    """Issue 57: the value of any flag whose name holds token / key / secret / password / auth, and anything
+    token-shaped, is hidden in recorded commands, rerun commands and messages - by the one scrubber every script uses;
+    everything else is left as it was."""
+    from adaptive.rundir import rerun_command
+    from adaptive.secrets import scrub_argv, scrub_text
+
+    full = ["train_accelerate.py", "--output_dir", "runs/key-frames", *argv, "--learning_rate", "2e-3"]
+    scrubbed = scrub_argv(full)
+    assert hidden not in " ".join(scrubbed) and "***" in " ".join(scrubbed)
+    assert [a for a in scrubbed if "***" not in a] == [a for a in full if hidden not in a]  # nothing else touched
+    assert hidden not in rerun_command(full) and "runs/key-frames" in rerun_command(full)
+    message = f"error: unrecognized arguments: {' '.join(argv)} (from {' '.join(full)})"
+    assert hidden not in scrub_text(message, full) and "runs/key-frames" in scrub_text(message, full)
 
 
 @pytest.mark.slow
