@@ -22,8 +22,8 @@ from typing import Optional
 
 import torch
 
-from .checkpoint import (changed_keys, checkpoint_step, describe_changes, incompatible_keys, list_checkpoints,
-                         resolve_resume, rotate)
+from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, describe_changes, incompatible_keys,
+                         list_checkpoints, resolve_resume, rotate)
 from .config import ConfigError, TrainConfig
 from .secrets import SECRET_FIELDS, scrub_argv
 from .faults import check_output_path, writing
@@ -279,11 +279,12 @@ def resolve_aside(out: Path, log) -> None:
 
 
 def set_branch_aside(out: Path, resume_from: Path, log) -> Optional[Path]:
-    """Resuming a checkpoint of `out` that is not its newest makes it the timeline: the newer checkpoints, an export of
+    """Resuming a checkpoint older than the newest of `out` (one of its own, or a copy kept elsewhere) makes it the
+    timeline: the newer checkpoints, an export of
     a later step and the stats.jsonl rows after it move into `abandoned-after-<step>/` (kept, not deleted), so
     `latest` can never return to the abandoned branch. Returns that folder (None: nothing newer)."""
-    step = checkpoint_step(resume_from)
-    if step is None or resume_from.resolve().parent != out.resolve():
+    step = saved_step(resume_from)  # a copy kept outside the run (bk/checkpoint-20) branches the run the same way
+    if step is None:
         return None
     newer = [c for c in list_checkpoints(out) if checkpoint_step(c) > step]
     export_step = exported_step(out)
@@ -307,6 +308,17 @@ def set_branch_aside(out: Path, resume_from: Path, log) -> Optional[Path]:
         f"({', '.join([c.name for c in newer] + export)}"
         f" and the stats.jsonl rows after step {step}) is moved aside to {aside}")
     return aside
+
+
+def saved_step(checkpoint: Path) -> Optional[int]:
+    """The step a checkpoint was saved at: its manifest's, else its folder name's (checkpoint-<step>)."""
+    try:
+        step = json.loads((Path(checkpoint) / MANIFEST).read_text()).get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return step
+    except (OSError, ValueError, AttributeError):
+        pass
+    return checkpoint_step(checkpoint)
 
 
 def _record_step(line: str) -> int:

@@ -361,12 +361,18 @@ def test_30_2_the_replaced_run_goes_once_the_new_one_has_its_first_checkpoint(tr
 
 
 @pytest.mark.slow
-def test_30_5_resuming_an_older_checkpoint_moves_the_newer_timeline_aside(trained, tmp_path):
+@pytest.mark.parametrize("where", ["inside", "outside"])
+def test_30_5_resuming_an_older_checkpoint_moves_the_newer_timeline_aside(trained, tmp_path, where):
+    """Issue 57: a copy of the checkpoint kept outside the run (bk/checkpoint-1, or renamed) branches the run as one
+    of its own does: one timeline, the newer one kept aside, never overwritten."""
     run, args = fresh(trained, tmp_path)  # checkpoint-1, checkpoint-2, the export of step 2
     old_rows = [l for l in (run / "stats.jsonl").read_text().splitlines() if json.loads(l)["step"] > 1]
     old_weights = (run / "checkpoint-2" / "model.safetensors").read_bytes()
-    proc = run_cli("train_accelerate.py", [*args, "--resume_from_checkpoint", str(run / "checkpoint-1"),
-                                           "--learning_rate", "1e-3"])
+    start = run / "checkpoint-1"
+    if where == "outside":
+        start = tmp_path / "bk" / "kept-copy"
+        shutil.copytree(run / "checkpoint-1", start)
+    proc = run_cli("train_accelerate.py", [*args, "--resume_from_checkpoint", str(start), "--learning_rate", "1e-3"])
     assert "not the newest" in proc.stdout and "moved aside" in proc.stdout, proc.stdout[-3000:]
     aside = run / "abandoned-after-1"
     assert (aside / "checkpoint-2" / "model.safetensors").read_bytes() == old_weights
@@ -375,6 +381,32 @@ def test_30_5_resuming_an_older_checkpoint_moves_the_newer_timeline_aside(traine
     steps = [json.loads(l)["step"] for l in (run / "stats.jsonl").read_text().splitlines() if '"lr"' in l]
     assert steps == sorted(set(steps)), steps  # one timeline: every log step once
     assert (run / "checkpoint-2" / "model.safetensors").read_bytes() != old_weights  # the new branch's, with its lr
+
+
+@pytest.mark.slow
+def test_56_tensorboard_shows_each_step_once_after_resuming_an_older_checkpoint(tmp_path, image_folder):
+    """The first process logged steps 1-4; resumed from checkpoint-2, TensorBoard shows 1-4 once each (the second
+    writer's purge_step hides the first one's steps 3-4), not 1-4 and 3-4 again."""
+    run = tmp_path / "run"
+    args = tiny_args(image_folder, run, "--logger", "tensorboard", "--logging_steps", "1", "--checkpointing_steps", "2",
+                     "--save_images_steps", "none", "--max_train_steps", "4")
+    run_cli("train_accelerate.py", args)
+    assert tensorboard_steps(run / "logs", "loss") == [1, 2, 3, 4]
+    run_cli("train_accelerate.py", [*args, "--resume_from_checkpoint", str(run / "checkpoint-2")])
+    assert sorted(tensorboard_steps(run / "logs", "loss")) == [1, 2, 3, 4]
+
+
+def tensorboard_steps(logs: Path, tag: str) -> list[int]:
+    """The steps TensorBoard shows for `tag` (its loader applies the writers' purge_step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found = []
+    for folder in sorted({p.parent for p in logs.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder))
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            found += [e.step for e in acc.Scalars(tag)]
+    return found
 
 
 # ---------------------------------------------------------------------------------------------- issue 30: divergence
