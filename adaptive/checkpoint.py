@@ -27,6 +27,9 @@ from .faults import agree, writing
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 MANIFEST = "manifest.json"  # size + sha256 of every file; written last
+# in a checkpoint written while the loss was out of its running range (session.LossRange): such a checkpoint is never
+# `latest` and never the reason a healthy one is rotated out; naming it resumes it all the same
+OUT_OF_RANGE = "loss_out_of_range.json"
 STATE_FILE = "training_state.pt"  # TrainState: progress, timestep sampler, EMA counters
 EMA_DIR = "unet_ema"  # the EMA U-Net, UNet2DModel.save_pretrained layout (any Diffusers tool loads it)
 EMA_FILE = "ema.safetensors"  # the EMA weights in checkpoints written before unet_ema/ (read only)
@@ -226,7 +229,7 @@ def find_latest(output_dir: Path, warn: Callable[[str], None] = print) -> Option
     ConfigError if there are some but none is valid (restarting at step 0 would silently rewrite the run)."""
     broken = []
     for folder in reversed(list_checkpoints(output_dir)):
-        reason = verify_checkpoint(folder)
+        reason = verify_checkpoint(folder) or out_of_range(folder)
         if reason is None:
             return folder
         warn(f"warning: skipping {folder.name}: {reason}")
@@ -235,6 +238,32 @@ def find_latest(output_dir: Path, warn: Callable[[str], None] = print) -> Option
         raise ConfigError(f"--resume_from_checkpoint latest: no valid checkpoint in {output_dir} "
                           f"({'; '.join(broken)}); to start over instead, rerun with --overwrite_output_dir")
     return None
+
+
+def out_of_range(folder: Path) -> Optional[str]:
+    """Why `latest` skips a checkpoint written while the loss was out of its running range (None: it was not)."""
+    if not (Path(folder) / OUT_OF_RANGE).exists():
+        return None
+    try:
+        left = json.loads((Path(folder) / OUT_OF_RANGE).read_text()).get("left_at")
+    except (OSError, ValueError, AttributeError):
+        left = None
+    return (f"written while the loss was out of its running range (it left it at step {left})" if left is not None
+            else "written while the loss was out of its running range") + \
+        f"; name it to resume it anyway: --resume_from_checkpoint {folder}"
+
+
+def mark_out_of_range(output_dir: Path, vouched: Optional[int], left_at: int, spare: Optional[int] = None) -> list:
+    """The loss has just left its running range at `left_at`: mark the checkpoints its windows do not vouch for
+    (after step `vouched`; all without one), except the one at step `spare` (the resumed checkpoint: the settings
+    changed since may be what broke it). Returns the marked names (main process)."""
+    marked = []
+    for folder in list_checkpoints(output_dir):
+        step = checkpoint_step(folder)
+        if (vouched is None or step > vouched) and step != spare and not (folder / OUT_OF_RANGE).exists():
+            (folder / OUT_OF_RANGE).write_text(json.dumps({"step": step, "left_at": left_at}))
+            marked.append(folder.name)
+    return marked
 
 
 def resolve_resume(output_dir: Path, resume: Optional[str], warn: Callable[[str], None] = print) -> Optional[Path]:
@@ -282,9 +311,10 @@ def read_config(folder: Path) -> dict:
 
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, total_limit: Optional[int] = None,
-                    protect: Optional[int] = None) -> Path:
-    """Every rank calls this. Writes checkpoint-<step> atomically and keeps the newest `total_limit` (and the one
-    `rotate` protects). A failed write
+                    protect: Optional[int] = None, left_range_at: Optional[int] = None) -> Path:
+    """Every rank calls this. Writes checkpoint-<step> atomically and keeps the newest `total_limit` (and the ones
+    `rotate` protects); `left_range_at`: the loss is out of its running range since that step (the checkpoint is
+    marked: OUT_OF_RANGE). A failed write
     (DiskFull when the disk is full) raises on every rank and leaves no partial folder; older checkpoints are kept."""
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
@@ -301,6 +331,8 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, tota
             accelerator.save_state(str(tmp))  # models, optimizer, scheduler, scaler, each rank's RNG, our state (hooks)
             if accelerator.is_main_process:
                 (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+                if left_range_at is not None:
+                    (tmp / OUT_OF_RANGE).write_text(json.dumps({"step": step, "left_at": left_range_at}))
     except Exception as e:
         error = e
     try:
@@ -328,7 +360,7 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, tota
 def rotate(output_dir: Path, keep: Optional[int], protect: Optional[int] = None) -> None:
     """Delete stale temporary folders (a write that was killed or failed) and the oldest complete checkpoints beyond
     `keep` (None: keep all), except the newest one at or before step `protect` (the last before a blow-up:
-    session.LossRange). Called after every checkpoint and once at the start of a run (main process, which holds the
+    session.LossRange) and the newest one not written out of the loss's range (OUT_OF_RANGE). Called after every checkpoint and once at the start of a run (main process, which holds the
     output folder's lock, so no other writer's temporary folder is live)."""
     for stale in Path(output_dir).glob(".checkpoint-*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -336,6 +368,7 @@ def rotate(output_dir: Path, keep: Optional[int], protect: Optional[int] = None)
         return
     valid = [p for p in list_checkpoints(output_dir) if verify_checkpoint(p, full=False) is None]
     kept = [p for p in valid if protect is not None and checkpoint_step(p) <= protect][-1:]
+    kept += [p for p in valid if out_of_range(p) is None][-1:]  # the newest healthy one: what `latest` resumes
     for old in valid[: max(0, len(valid) - keep)]:
         if old not in kept:
             shutil.rmtree(old, ignore_errors=True)

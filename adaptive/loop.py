@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 
 from .build import Run, apply_optimizer_settings, check_buildable, planned_steps, run_fraction, setup
-from .checkpoint import checkpoint_step, list_checkpoints, load_checkpoint, read_progress, rotate, save_checkpoint
+from .checkpoint import (checkpoint_step, list_checkpoints, load_checkpoint, mark_out_of_range, out_of_range,
+                         read_progress, rotate, save_checkpoint)
 from .config import ConfigError, TrainConfig
 from .control import StopControl
 from .data import Layout, open_entries
@@ -273,6 +274,11 @@ def log_statistics(run: Run, session: Session) -> None:
     bad = [f"{k} = {values[k]}" for k in checked if k in values and not math.isfinite(values[k])]
     first, session.logged_step = session.logged_step + 1, progress.step
     median = session.loss_range.observe(progress.step, loss) if "loss" in values else None
+    if median is not None and run.accelerator.is_main_process:  # just left: `latest` skips what it does not vouch for
+        lr_ = session.loss_range
+        marked = mark_out_of_range(Path(run.cfg.output_dir), lr_.vouched_step, progress.step, lr_.resumed_at)
+        if marked:
+            session.log(f"marked {', '.join(marked)} (taken after the last in-range log step): `latest` skips them")
     if median is not None and not bad:
         session.log(f"warning: the loss left its running range at step {progress.step} ({loss:.3g}, over "
                     f"{RANGE_FACTOR:g}x the median {median:.3g} of the previous log steps): the newest checkpoint at "
@@ -294,15 +300,17 @@ def check_finite(run: Run, session: Session) -> None:
 
 def diverged(run: Run, session: Session, what: str) -> Diverged:
     """The one-line fault, naming the checkpoint to resume from: the newest, or while the loss is out of its running
-    range the newest before it left it."""
+    range the newest before it left it (else the newest written while it was in range: what `latest` resumes)."""
     protect = session.loss_range.protected() if session.loss_range.left_at is not None else None
-    ckpts = [p for p in list_checkpoints(Path(run.cfg.output_dir))
-             if protect is None or checkpoint_step(p) <= protect][-1:]
+    every_one = list_checkpoints(Path(run.cfg.output_dir))
+    healthy = [p for p in every_one if out_of_range(p) is None]
+    before = [p for p in healthy if protect is None or checkpoint_step(p) <= protect][-1:]
     which = "the newest checkpoint" if protect is None else "the newest checkpoint before the loss left its range"
-    after = " (every checkpoint was taken after the loss left its range)" \
-        if protect is not None and list_checkpoints(Path(run.cfg.output_dir)) else ""
+    if not before and healthy:
+        before, which = healthy[-1:], "the newest checkpoint written while the loss was in its range (`latest`)"
+    after = " (every checkpoint was taken after the loss left its range)" if every_one else ""
     return Diverged(f"training diverged: {what}; nothing was saved from non-finite weights; "
-                    + (f"resume from {ckpts[0].name}, {which}, " if ckpts else f"restart{after} ")
+                    + (f"resume from {before[0].name}, {which}, " if before else f"restart{after} ")
                     + "with a lower --learning_rate or gradient clipping (--max_grad_norm)")
 
 
@@ -357,10 +365,12 @@ def checkpoint(run: Run, session: Session) -> None:
     budget or a wall-clock comparison pays for it); pushed too with --push_checkpoints."""
     t0 = time.perf_counter()
     path = save_checkpoint(run.accelerator, Path(run.cfg.output_dir), run.progress.step, run.cfg.to_dict(),
-                           run.cfg.checkpoints_total_limit, protect=session.loss_range.protected())
+                           run.cfg.checkpoints_total_limit, protect=session.loss_range.protected(),
+                           left_range_at=session.loss_range.left_at)
     run.progress.train_seconds += time.perf_counter() - t0
     session.last_checkpoint = run.progress.step
-    session.log(f"saved {path}")
+    session.log(f"saved {path}" + ("" if session.loss_range.left_at is None else
+                                   " (the loss is out of its running range: marked, so `latest` skips it)"))
     if session.replacing:  # the new run has a checkpoint: the run it replaces can go
         if run.accelerator.is_main_process:
             discard_aside(Path(run.cfg.output_dir))

@@ -42,6 +42,7 @@ class LossRange:
     history: list = field(default_factory=list)  # the latest in-range log-step losses
     vouched_step: Optional[int] = None  # the weights up to this step gave in-range losses
     left_at: Optional[int] = None  # the log step at which the loss left its range; None while in range
+    resumed_at: Optional[int] = None  # the step this process resumed from: its checkpoint stays the fallback
 
     def observe(self, step: int, loss: float) -> Optional[float]:
         """Record the mean loss of the log window ending at `step`; the running median when it has just left its
@@ -150,6 +151,7 @@ def start_session(run: Run, resume_from: Optional[Path], log, control: StopContr
         stats_file.truncate_after(progress.step)
         if is_main:
             loss_range = LossRange.from_stats(artifact(out, "stats"), progress.step)
+            loss_range.resumed_at = progress.step
         log(f"resumed from {resume_from} at step {progress.step}")
     elif is_main:
         artifact(out, "stats").unlink(missing_ok=True)

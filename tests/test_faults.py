@@ -452,6 +452,40 @@ def test_30_6_a_finite_blow_up_never_rotates_out_the_last_checkpoint_before_it(t
 
 
 @pytest.mark.slow
+def test_57_a_blow_up_under_limit_1_then_latest_ends_with_a_healthy_checkpoint_and_one_timeline(tmp_path,
+                                                                                                 image_folder):
+    """Issue 57, the probe's scenario scaled down: a healthy run, resumed with a learning rate that blows it up
+    (clipped: finite) under --checkpoints_total_limit 1 and a log window of 2; then `latest` with a sane lr, as the
+    docs advise. No checkpoint written or taken after the loss left its range is `latest`; the healthy one survives
+    both runs; the rerun resumes it, says so, and leaves one timeline."""
+    run = tmp_path / "run"
+    common = ["--checkpointing_steps", "2", "--checkpoints_total_limit", "1", "--logging_steps", "2",
+              "--save_images_steps", "none", "--lr_warmup_steps", "0"]
+    run_cli("train_accelerate.py", tiny_args(image_folder, run, *common, "--learning_rate", "1e-3",
+                                             "--max_train_steps", "8"))
+    healthy = max_abs_weight(run / "checkpoint-8")
+    blown = run_cli("train_accelerate.py", tiny_args(
+        image_folder, run, *common, "--learning_rate", "0.3", "--max_grad_norm", "1", "--max_train_steps", "16",
+        "--resume_from_checkpoint", "latest"), check=False)
+    assert blown.returncode in (0, 4), blown.stderr[-3000:]
+    assert max_abs_weight(run / "checkpoint-8") == healthy  # kept through the excursion
+    later = [c for c in list_checkpoints(run) if c.name != "checkpoint-8"]
+    assert later and all((c / "loss_out_of_range.json").exists() for c in later), later
+    if blown.returncode == 4:
+        assert "resume from checkpoint-8" in blown.stderr, blown.stderr[-2000:]
+    rerun = run_cli("train_accelerate.py", tiny_args(image_folder, run, *common, "--learning_rate", "1e-3",
+                                                     "--max_train_steps", "16", "--resume_from_checkpoint", "latest"))
+    assert "skipping checkpoint-" in rerun.stdout + rerun.stderr and "resumed from" in rerun.stdout
+    assert f"{run / 'checkpoint-8'} at step 8" in rerun.stdout, rerun.stdout[-3000:]
+    assert [c.name for c in list_checkpoints(run)] == ["checkpoint-16"]
+    assert not (run / "checkpoint-16" / "loss_out_of_range.json").exists()
+    assert max_abs_weight(run / "checkpoint-16") < 1e3 * healthy
+    steps = [json.loads(l)["step"] for l in (run / "stats.jsonl").read_text().splitlines() if '"lr"' in l]
+    assert steps == sorted(set(steps)), steps  # one timeline
+    assert any(p.name.startswith("abandoned-after-8") for p in run.iterdir())  # the excursion kept aside
+
+
+@pytest.mark.slow
 def test_30_6_a_healthy_run_with_large_early_losses_never_trips_the_guard(tmp_path, image_folder):
     run = tmp_path / "run"
     # --norm_num_groups 32: one channel per group at the first level (the v1-v3 protocol model), whose early losses
