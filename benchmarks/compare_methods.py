@@ -182,6 +182,8 @@ def main(argv=None) -> int:
         meta["calibration"] = write_calibration(summary, pl, args, out)
     if pl.table == "long":
         meta["speedups_at"] = speedups_at(summary, pl.reference, LONG_TARGETS)
+    elif pl.table != "tune":  # PROTOCOL.md v4: also the steps to the reference's mean FD at B/2 (steeper, steadier)
+        meta["speedups_at"] = speedups_at(summary, pl.reference, (pl.budget // 2,))
     results = {**meta, "costs": costs, "rows": row_list, "summary": summary}
     results_file.write_text(json.dumps(results, indent=1))
     keep_run_logs(row_list, args.work, out)

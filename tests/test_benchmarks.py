@@ -16,7 +16,7 @@ from bench.costs import costs_to_measure  # noqa: E402
 from bench.plans import make_plan  # noqa: E402
 from bench.protocol import (ABLATIONS, CLAIM_METHODS, METHODS, calibration_budget, grid_name,  # noqa: E402
                             grid_variants, in_blob_phase, plan, recheck_points, used_ratio, variants)
-from bench.report import bar_verdict, render_stored, write_readme  # noqa: E402
+from bench.report import bar_verdict, long_lines, render_stored, write_readme  # noqa: E402
 from bench.summary import aggregate, interpolate_crossing, select_tuned  # noqa: E402
 from compare_methods import parse_args  # noqa: E402
 
@@ -711,11 +711,25 @@ def test_long_runs_plan_and_speedups_at_several_targets(tmp_path):
     assert sp["adaptive"][6000]["speedup"] is None  # uniform-tuned caught up: 2.0 is never reached
 
 
+def test_a_development_table_also_reports_the_steps_to_the_references_fd_at_half_the_budget():
+    """PROTOCOL.md v4: beside the speed-up to the reference's final FD, the steps to its mean FD at B/2."""
+    from bench.summary import speedups_at
+
+    pts = (500, 1000, 1500, 2000)
+    rows = [curve_row("uniform-tuned", 0, {500: 4.0, 1000: 3.0, 1500: 2.6, 2000: 2.5}, planned=pts),
+            curve_row("adaptive", 0, {500: 3.5, 1000: 2.5, 1500: 2.4, 2000: 2.3}, planned=pts)]
+    sp = speedups_at(aggregate(rows, 2000, pts, reference="uniform-tuned"), "uniform-tuned", (2000 // 2,))
+    assert sp["uniform-tuned"][1000]["speedup"] == pytest.approx(1.0)
+    assert sp["adaptive"][1000]["equiv_steps_to_target"] == pytest.approx(750)  # 3.0 between 3.5 at 500, 2.5 at 1000
+    assert sp["adaptive"][1000]["speedup"] == pytest.approx(1000 / 750)
+    assert "T = 1000" in long_lines(sp, "uniform-tuned")[3]
+
+
 METHOD_TABLES = ROOT / "docs" / "benchmarks" / "methods"
 # Committed tables that today's report re-renders byte for byte (2026-11-30 predates the current README format;
 # a hand-written note on how a table was made goes beside it, as 2026-12-02-fp32-dev/NOTE.md).
 RERENDERED = ("2026-12-01-ablation", "2026-12-01-dev-tuned", "2026-12-01-tuning", "2026-12-02-fp32-dev",
-              "2026-12-02-long16", "2026-12-02-cal32", "2026-12-02-long32")
+              "2026-12-02-long16", "2026-12-02-cal32", "2026-12-02-long32", "2026-12-06-dev16-v4")
 
 
 @pytest.mark.parametrize("name", RERENDERED)

@@ -217,14 +217,17 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
         lines += selection_lines(meta.get("selected"))
     elif meta.get("table") == "long":
         lines += long_lines(meta.get("speedups_at", {}), ref)
-    elif meta.get("table") == "ablation":
-        lines += ["", f"Rows (flags beyond the default `{UNDER_TEST}`): " + "; ".join(
-            f"`{n}`: `{' '.join(f)}`" for n, f in ABLATIONS.items()) + ". What each part buys: docs/adaptive.md."]
-    elif UNDER_TEST in summary:
-        lines += ["", f"The bar for `{UNDER_TEST}` (issue: >= 2x against {ref}, best FD at the budget beyond the seed "
-                  "spread, <= 2% per step), checked on this table:", "",
-                  *bar_verdict(summary, baselines=meta.get("baselines"), reference=ref,
-                               blob_phase=bool(meta.get("blob_phase")))]
+    else:
+        if meta.get("speedups_at"):  # PROTOCOL.md v4: the steps to the reference's mean FD at B/2, beside the speed-up
+            lines += long_lines(meta["speedups_at"], ref)
+        if meta.get("table") == "ablation":
+            lines += ["", f"Rows (flags beyond the default `{UNDER_TEST}`): " + "; ".join(
+                f"`{n}`: `{' '.join(f)}`" for n, f in ABLATIONS.items()) + ". What each part buys: docs/adaptive.md."]
+        elif UNDER_TEST in summary:
+            lines += ["", f"The bar for `{UNDER_TEST}` (issue: >= 2x against {ref}, best FD at the budget beyond the "
+                      "seed spread, <= 2% per step), checked on this table:", "",
+                      *bar_verdict(summary, baselines=meta.get("baselines"), reference=ref,
+                                   blob_phase=bool(meta.get("blob_phase")))]
     lines += host_lines(meta.get("rows", []), meta["machine"]["cpu"])
     if meta.get("excluded"):
         lines += ["", "Left out (measured with other code): " + ", ".join(meta["excluded"])]
