@@ -10,6 +10,7 @@ Nothing is loaded with pickle code execution: safetensors, and torch.load(weight
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .config import MODEL_KEYS, ConfigError, current_keys
+from .config import read_config as read_config_file
 from .faults import agree, writing
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -87,7 +89,9 @@ class TrainState:
             self.ema.model.save_pretrained(Path(folder) / EMA_DIR, safe_serialization=True)
 
     def load(self, folder: Path) -> None:
-        self.load_state_dict(load_object_state(Path(folder) / STATE_FILE))
+        path = Path(folder) / STATE_FILE
+        with malformed(path):
+            self.load_state_dict(load_object_state(path))
         if self.ema is not None:
             self.ema.model.load_state_dict(load_ema_weights(Path(folder)))
 
@@ -307,7 +311,8 @@ def changed_keys(saved: dict, current: dict, ignore=("resume_from_checkpoint", "
 
 
 def read_config(folder: Path) -> dict:
-    return json.loads((Path(folder) / CONFIG_FILE).read_text())
+    """A checkpoint's config.json: a JSON object, else a one-line ConfigError naming the file."""
+    return read_config_file(Path(folder) / CONFIG_FILE)
 
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, total_limit: Optional[int] = None,
@@ -387,8 +392,9 @@ def load_checkpoint(accelerator, folder: Path) -> None:
 
 def read_progress(folder: Path) -> Progress:
     """The progress saved in a checkpoint (its training_state.pt), read without building the run."""
-    progress = Progress()
-    progress.load_state_dict(load_object_state(Path(folder) / STATE_FILE)["progress"])
+    progress, path = Progress(), Path(folder) / STATE_FILE
+    with malformed(path):
+        progress.load_state_dict(load_object_state(path)["progress"])
     return progress
 
 
@@ -400,5 +406,29 @@ def save_object_state(path: Path, state: dict) -> None:
 
 
 def load_object_state(path: Path) -> dict:
-    """The inverse of save_object_state, without executing pickled code."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """The inverse of save_object_state, without executing pickled code: a dict, else a one-line ConfigError naming
+    the file (objects the weights-only loader refuses, a file that is not torch.save's)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError (a refused global), RuntimeError / EOFError (not a torch.save file)
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        why = (f"it holds a {refused.group(1)} object, which is never unpickled (no code from a checkpoint runs)"
+               if refused else f"{type(e).__name__}: {_one_line(e)}")
+        raise ConfigError(f"cannot load {path}: {why}") from None
+    if not isinstance(state, dict):
+        raise ConfigError(f"{path} is not a saved state (a {type(state).__name__}, not a dict)")
+    return state
+
+
+@contextlib.contextmanager
+def malformed(path: Path):
+    """Turns a state of the wrong shape (a missing key, a value of the wrong type) met while restoring from `path`
+    into a one-line ConfigError naming the file."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as e:
+        what = f"no {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {_one_line(e)}"
+        raise ConfigError(f"{path} does not hold what this run saves ({what}); it was damaged or written by other "
+                          "code - resume from another checkpoint") from None

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
@@ -67,9 +68,10 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
 
 
 def check_output_path(path: Path, flag: str, folder: bool = True) -> None:
-    """ConfigError (one line) unless `path` can be written as a folder (or, folder=False, a file) - checked without
-    writing anything: no name component over 255 bytes, not the other kind of entry, its nearest existing parent a
-    writable folder."""
+    """ConfigError (one line) unless `path` can be written as a folder (or, folder=False, a file): no name component
+    over 255 bytes, not the other kind of entry, its nearest existing parent a writable folder in which an entry can
+    really be created (tried with an empty temporary folder, removed at once: permission bits do not tell, e.g. for
+    root in /proc)."""
     path = Path(path).expanduser()
     long = [part for part in path.parts if len(os.fsencode(part)) > 255]
     if long:
@@ -84,6 +86,10 @@ def check_output_path(path: Path, flag: str, folder: bool = True) -> None:
         raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {path}: {parent} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=parent))
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: nothing can be created in {parent} ({e.strerror or e})") from None
 
 
 def lost_peer(exc: BaseException) -> Optional[PeerLost]:

@@ -127,10 +127,19 @@ class FeatureNet:
                 x = torch.from_numpy(np.stack([self._resize(im) for im in chunk.numpy()])).permute(0, 3, 1, 2)
             else:
                 x = chunk.permute(0, 3, 1, 2).float()
-            out.append(self._model(x.to(self.device)).float().cpu().numpy())
+            out.append(self._checked(self._model(x.to(self.device)), len(chunk)).float().cpu().numpy())
         if not out:
             raise ConfigError("no images to compute features of")
         return np.concatenate(out).astype(np.float64)
+
+
+    def _checked(self, feats, n: int) -> torch.Tensor:
+        """The network's output if it is [n, D] features, else a one-line ConfigError naming the network."""
+        if not isinstance(feats, torch.Tensor) or feats.ndim != 2 or feats.shape[0] != n:
+            got = tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__
+            raise ConfigError(f"feature extractor {self.spec} returned {got} for {n} images; a feature network must "
+                              "return one feature vector per image, [N, D]")
+        return feats
 
 
 def _load_inception(mode: str, device: torch.device):

@@ -24,7 +24,7 @@ import torch
 
 from .checkpoint import (MANIFEST, changed_keys, checkpoint_step, describe_changes, incompatible_keys,
                          list_checkpoints, resolve_resume, rotate)
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, read_config
 from .secrets import SECRET_FIELDS, scrub_argv
 from .faults import check_output_path, writing
 from .model_card import redact_paths
@@ -127,11 +127,11 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
     ckpt = resolve_resume(out, cfg.resume_from_checkpoint, log)
     saved_cfg_file = ckpt / "config.json" if ckpt else artifact(out, "config")
     if saved_cfg_file.exists():
-        saved = json.loads(saved_cfg_file.read_text())
+        saved = read_config(saved_cfg_file)
         bad = incompatible_keys(saved, cfg.to_dict())
         if bad:
             raise ConfigError(
-                f"{saved_cfg_file.parent} was trained with a different model/objective "
+                f"{saved_cfg_file.parent} was trained with a different model/objective, says its {saved_cfg_file.name} "
                 f"({describe_changes(saved, cfg.to_dict(), bad)}); "
                 "use another --output_dir or --overwrite_output_dir"
             )

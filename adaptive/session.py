@@ -148,7 +148,10 @@ def start_session(run: Run, resume_from: Optional[Path], log, control: StopContr
     stats_file = JsonlWriter(artifact(out, "stats"), is_main)
     loss_range = LossRange()
     if resume_from is not None:
-        stats_file.truncate_after(progress.step)
+        dropped = stats_file.truncate_after(progress.step)
+        if dropped:
+            log(f"warning: {artifact(out, 'stats')}: skipped {dropped} line(s) that are not a step's record (torn "
+                "by a kill or edited)")
         if is_main:
             loss_range = LossRange.from_stats(artifact(out, "stats"), progress.step)
             loss_range.resumed_at = progress.step

@@ -83,21 +83,28 @@ class JsonlWriter:
             with writing(self.path.name, self.path.parent, "checkpoints are unaffected"), open(self.path, "a") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")
 
-    def truncate_after(self, step: int) -> None:
-        """Keep records with record['step'] <= step (used on resume, so the file matches an uninterrupted run)."""
+    def truncate_after(self, step: int) -> int:
+        """Keep records with record['step'] <= step (used on resume, so the file matches an uninterrupted run);
+        returns how many lines were not a step's record (torn by a kill, or of another shape) and were dropped."""
         if not self.enabled or not self.path.exists():
-            return
-        keep = []
+            return 0
+        keep, dropped = [], 0
         for line in self.path.read_text().splitlines():
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    keep.append(line)
+                record = json.loads(line)
+                at = record.get("step", 0) if isinstance(record, dict) else None
             except json.JSONDecodeError:
-                continue  # a line torn by a kill
+                at = None  # a line torn by a kill
+            if isinstance(at, (int, float)) and not isinstance(at, bool):
+                if at <= step:
+                    keep.append(line)
+            else:
+                dropped += 1
         tmp = self.path.with_suffix(".tmp")
         with writing(self.path.name, self.path.parent):
             tmp.write_text("".join(l + "\n" for l in keep))
         tmp.replace(self.path)
+        return dropped
 
 
 def tracker_config(cfg) -> dict:

@@ -539,6 +539,20 @@ def test_30_9_sample_and_evaluate_refuse_an_output_of_the_wrong_kind(tmp_path, c
     assert a_file.read_text() == "mine"
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs a /proc file system")
+def test_57_an_output_path_where_nothing_can_be_created_is_one_line_even_for_root(tmp_path, capsys):
+    """/proc passes every permission check for root, yet nothing can be created there: the check tries."""
+    code, err = cli_of("sample", ["--model_path", "m", "--output_dir", "/proc/xyz"], capsys)
+    assert code == 2
+    one_line_error(err, 2, "/proc")
+    code, err = cli_of("evaluate_fid", ["--samples", str(tmp_path), "--output", "/proc/x.json"], capsys)
+    assert code == 2
+    one_line_error(err, 2, "/proc")
+    from adaptive.faults import check_output_path
+    check_output_path(tmp_path / "new" / "run", "--output_dir")  # a writable place passes and is left as it was
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_30_9_evaluate_scores_two_or_three_images_without_precision_recall():
     import numpy as np
 
@@ -990,3 +1004,76 @@ def test_an_existing_output_file_may_be_replaced_but_not_written_through(tmp_pat
         check_output_path(metrics / "x.json", "--output", folder=False)
     with pytest.raises(ConfigError, match="exists and is not a folder"):
         check_output_path(metrics, "--output_dir")
+
+
+class Hostile:  # a class the weights-only loader refuses to unpickle
+    pass
+
+
+def hostile_state(kind: str):
+    return {"empty": {}, "wrong_types": {"progress": "step 7", "sampler": [1, 2], "ema": None},
+            "refused": {"progress": Hostile()}}[kind]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["state:empty", "state:wrong_types", "state:refused", "config:[]",
+                                    "config:{\"seed\": \"x\"}", "stats:rows"])
+def test_57_hostile_checkpoint_contents_are_one_line_naming_the_file(target, trained, tmp_path, capsys):
+    """Issue 57: a checkpoint whose files pass the manifest (re-written over the hostile contents) but hold the
+    wrong things - training_state.pt of {}, of wrong types, or refused by the weights-only loader; a checkpoint
+    config.json of the wrong shape; stats.jsonl rows of the wrong shape - is refused in one line naming the file,
+    with the run untouched; never a traceback."""
+    run, args = fresh(trained, tmp_path)
+    ckpt = run / "checkpoint-2"
+    what, _, kind = target.partition(":")
+    if what == "state":
+        torch.save(hostile_state(kind), ckpt / "training_state.pt")
+        named = "training_state.pt"
+    elif what == "config":
+        (ckpt / "config.json").write_text(kind)
+        (run / "config.json").unlink()  # so that the checkpoint's config is the one resumed
+        named = "config.json"
+    else:
+        with open(run / "stats.jsonl", "a") as f:
+            f.write('[1, 2]\n{"step": "seven", "loss": 1}\n')
+        named = "stats.jsonl"
+    write_manifest(ckpt, 2)
+    before = snapshot(run)
+    code = main_of_train([*args, "--max_train_steps", "4", "--resume_from_checkpoint", str(ckpt)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err[-3000:]
+    if what == "stats":  # rows that are not a step's record are dropped, saying so; the run goes on
+        assert code == 0 and "stats.jsonl: skipped 2 line(s)" in out, err[-2000:]
+        rows = [json.loads(l) for l in (run / "stats.jsonl").read_text().splitlines()]
+        assert all(isinstance(r, dict) and isinstance(r["step"], int) for r in rows)
+        return
+    assert code == 2, err[-2000:]
+    line = one_line_error(err, 2, named)
+    assert str(ckpt.name) in line or what == "stats", line
+    assert snapshot(run) == before
+
+
+class ScalarFeatures(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean()
+
+
+def test_57_a_feature_network_that_returns_no_feature_vectors_is_one_line(tmp_path, capsys):
+    import warnings
+
+    import numpy as np
+    from PIL import Image
+
+    path = tmp_path / "scalar.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script's deprecation notice
+        torch.jit.script(ScalarFeatures()).save(str(path))
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((16, 16, 3), 40 * i, np.uint8)).save(samples / f"{i}.png")
+    code, err = cli_of("evaluate_fid", ["--samples", str(samples), "--feature_extractor", str(path),
+                                        "--ref_dir", str(samples), "--num_images", "3",
+                                        "--output", str(tmp_path / "fid.json")], capsys)
+    assert code == 2
+    one_line_error(err, 2, "returned () for 3 images")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +116,15 @@ def test_a_run_of_a_users_method_that_does_not_import_here_still_loads_its_confi
     assert cfg.resolution == 16 and cfg.to_dict()["gone_rate"] == 0.5
     with pytest.raises(ConfigError, match="gone_pkg.mod:Gone: cannot import it"):
         validate(cfg)
+
+
+def test_a_users_method_that_fails_to_build_is_one_line_naming_the_class_the_flag_and_the_cause(
+        tmp_path, fresh_accelerate_state, capsys):
+    data, out = write_images(tmp_path / "data"), tmp_path / "run"
+    spec = "tests.plugins.power_sampler:BrokenPowerSampler"
+    code = main([*tiny_args(data, out), "--max_train_steps", "1", "--timestep_sampler", spec])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    line = [l for l in err.splitlines() if "error:" in l]
+    assert len(line) == 1 and f"--timestep_sampler {spec}: building BrokenPowerSampler failed: RuntimeError: needs a " \
+        "GPU table this machine lacks (power_sampler.py:" in line[0], err

@@ -54,3 +54,10 @@ class CountingPowerSampler(PowerSampler):
     def observe(self, t, loss, grad_norm=None):
         self.calls.append("observe")
         return super().observe(t, loss, grad_norm)
+
+
+class BrokenPowerSampler(PowerSampler):
+    """A user's method whose constructor fails (tests/test_methods.py: one line naming it, the flag and the cause)."""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("needs a GPU table this machine lacks")
