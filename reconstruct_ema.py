@@ -26,12 +26,27 @@ def parse_args(argv=None):
     p.add_argument("--at_step", type=int, default=None,
                    help="optimizer step to reconstruct at [default: the last snapshot]")
     p.add_argument("--output_dir", default=None, help="where to write the pipeline [default: run_dir/phema-<sigma>]")
+    p.add_argument("--extrapolate", action="store_true",
+                   help="allow a --sigma_rel outside the snapshots' range (EDM2: reconstruction is reliable only "
+                        "between the shortest and longest snapshot; outside it the result is an extrapolation)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a pipeline already in the output folder (e.g. the run's own export in run_dir)")
     return p.parse_args(argv)
 
 
-def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path) -> dict:
+def check_in_range(sigma_rel: float, snaps: list[dict], extrapolate: bool) -> None:
+    """A sigma_rel outside the snapshots' [shortest, longest] is refused, or with --extrapolate warned about."""
+    low, high = min(s["sigma_rel"] for s in snaps), max(s["sigma_rel"] for s in snaps)
+    if low <= sigma_rel <= high:
+        return
+    why = (f"--sigma_rel {sigma_rel:g} is outside the snapshots' range {low:g}-{high:g}: the reconstruction would "
+           "extrapolate beyond what training kept")
+    if not extrapolate:
+        raise ConfigError(f"{why}; choose a value in the range, or pass --extrapolate to accept it")
+    print(f"reconstruct_ema.py: warning: {why} (--extrapolate)", file=sys.stderr)
+
+
+def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path, extrapolate: bool = False) -> dict:
     from diffusers import DDPMPipeline
 
     from adaptive.checkpoint import Progress  # imports torch: keeps --help fast
@@ -43,6 +58,7 @@ def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path) -> dict:
     snaps = list_snapshots(run_dir / "ema_snapshots")
     if not snaps:
         raise ConfigError(f"no snapshots in {run_dir / 'ema_snapshots'} (train with --ema_snapshots 0.05 0.10)")
+    check_in_range(sigma_rel, snaps, extrapolate)
     if at_step is not None and at_step < min(s["step"] for s in snaps):
         raise ConfigError(f"--at_step {at_step} is before the first snapshot (step {min(s['step'] for s in snaps)})")
     try:
@@ -99,8 +115,15 @@ def output_folders(args, run_dir: Path) -> list[Path]:
 
 def reconstruct(args) -> int:
     run_dir = Path(args.run_dir)
-    for s, out in zip(args.sigma_rel, output_folders(args, run_dir)):
-        info = export(run_dir, s, args.at_step, out)
+    outs = output_folders(args, run_dir)
+    from adaptive.phema import list_snapshots  # imports torch: keeps --help fast
+
+    snaps = list_snapshots(run_dir / "ema_snapshots")
+    for s in args.sigma_rel if snaps else ():  # every value checked before the first pipeline is written
+        if 0 < s < 0.289:
+            check_in_range(s, snaps, args.extrapolate)
+    for s, out in zip(args.sigma_rel, outs):
+        info = export(run_dir, s, args.at_step, out, args.extrapolate)
         print(f"sigma_rel={s:g} at step {info['at_step']} from {info['num_snapshots']} snapshots -> {out}")
     return 0
 

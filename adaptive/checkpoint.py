@@ -387,6 +387,11 @@ def load_checkpoint(accelerator, folder: Path) -> None:
     except ConfigError:
         raise
     except Exception as e:
+        text = " ".join(str(e).split())
+        if "Error(s) in loading state_dict" in text:  # torch's message: its first line names no file or key
+            detail = text.split(":", 1)[1].strip() if ":" in text else text
+            raise ConfigError(f"cannot resume from {folder}: its weights ({MODEL_FILE} or the EMA's) do not fit this "
+                              f"model: {detail[:200]}{'...' if len(detail) > 200 else ''}") from None
         raise ConfigError(f"cannot resume from {folder}: {type(e).__name__}: {_one_line(e)}") from None
 
 

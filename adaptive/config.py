@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .errors import ConfigError
-from .fields import check_fields, help_of, sections, setting
+from .fields import above, check_fields, help_of, sections, setting
 from .secrets import SECRET_FIELDS, scrub_text
 
 if typing.TYPE_CHECKING:
@@ -59,7 +59,7 @@ class TrainConfig:
     data_device: str = setting(
         "auto", "where the decoded uint8 images live: auto (the training device) or cpu", choices=("auto", "cpu"))
     max_resident_gb: float = setting(
-        8.0, "datasets larger than this (uint8) stream from disk instead of being held in memory")
+        8.0, "datasets larger than this (uint8) stream from disk instead of being held in memory", check=above(0))
     dataloader_num_workers: int = setting(2, "decoding workers of the streaming loader (resident data needs none)")
 
     block_out_channels: typing.Tuple[int, ...] = setting(

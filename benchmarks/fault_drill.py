@@ -10,7 +10,9 @@ Categories (benchmarks/drill/):
 - SIGKILL + resume, corrupt checkpoint, disk full, divergence (NaN, a finite blow-up, a healthy run): `resume`, `runs`;
 - overwrite x signals/failures, non-run folder, branches, SIGHUP / second Ctrl-C, DDP faults: `runs`;
 - Hub waits (the push, the pipeline, the data, the reference against an endpoint that accepts and never answers, and
-  a SIGTERM during a wait), token echo, bad input per CLI: `inputs`.
+  a SIGTERM during a wait), token / secret echo, bad input and odd output paths per CLI: `inputs`;
+- hostile checkpoint contents (files that pass their manifest but hold the wrong things), users' methods that fail
+  to import or build: `hostile`.
 Each case is counted as clean (behaved as specified), lost (a run's data or a user's file gone or changed), hung (a
 process over its time limit) and tracebacks shown to the user. Writes docs/benchmarks/faults/<date>/results.json and
 README.md; exit 0 only when every case is clean with nothing lost, no hang and no traceback.
@@ -30,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drill import inputs, report, resume, runs  # noqa: E402
+from drill import hostile, inputs, report, resume, runs  # noqa: E402
 from drill.harness import EXPORT_EVERY, ROOT, Drill, make_data, state_digest  # noqa: E402
 
 
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
     inputs.hub_drill(d)
     inputs.token_echo_drill(d)
     inputs.bad_input_drill(d, straight)
+    hostile.hostile_checkpoint_drill(d, straight)
+    hostile.plugin_drill(d)
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     meta = {"date": dt.date.today().isoformat(),

@@ -133,6 +133,8 @@ def assert_refused_untouched(tmp_path, capsys, flags, message):
     (["--learning_rate", "inf"], "--learning_rate must be a finite number"),
     (["--max_train_minutes", "nan"], "--max_train_minutes must be a finite number"),
     (["--lr_warmup_steps", "-5"], "--lr_warmup_steps must be >= 0"),
+    (["--max_resident_gb", "0"], "--max_resident_gb must be > 0"),  # issue 56: 0 would stream even a tiny set
+    (["--max_resident_gb", "-1"], "--max_resident_gb must be > 0"),
 ])
 def test_2_non_finite_or_negative_settings_are_refused(tmp_path, capsys, flags, message):
     assert_refused_untouched(tmp_path, capsys, flags, message)
@@ -589,6 +591,23 @@ def test_30_9_reconstruct_ema_bad_output_config_or_snapshot_is_one_line(tmp_path
     assert code == 2
     one_line_error(err, 2, "config.json is not a run's config")
     assert a_file.read_text() == "mine" and not (tmp_path / "out").exists()
+
+
+def test_56_reconstruct_ema_refuses_a_sigma_rel_outside_its_snapshots_unless_told_to_extrapolate(tmp_path, capsys):
+    from adaptive.config import TrainConfig
+
+    run = tmp_path / "run"
+    (run / "ema_snapshots").mkdir(parents=True)
+    for std in ("0.0500", "0.1000"):
+        (run / "ema_snapshots" / f"step-000000002-std-{std}.safetensors").write_bytes(b"\x08\0\0\0\0\0\0\0{t")
+    (run / "config.json").write_text(TrainConfig().to_json())
+    for values in (["0.2"], ["0.08", "0.2"], ["0.03"]):
+        code, err = cli_of("reconstruct_ema", ["--run_dir", str(run), "--sigma_rel", *values], capsys)
+        assert code == 2
+        one_line_error(err, 2, "outside the snapshots' range 0.05-0.1")
+        assert sorted(p.name for p in run.iterdir()) == ["config.json", "ema_snapshots"]  # nothing written
+    code, err = cli_of("reconstruct_ema", ["--run_dir", str(run), "--sigma_rel", "0.2", "--extrapolate"], capsys)
+    assert "warning: --sigma_rel 0.2 is outside the snapshots' range" in err  # then the damaged files stop it
 
 
 @pytest.mark.slow

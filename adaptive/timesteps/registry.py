@@ -49,8 +49,9 @@ def method(spec: str) -> type[TimestepSampler]:
     module, _, name = spec.partition(":")
     try:
         cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"--timestep_sampler {spec}: cannot import it ({type(e).__name__}: {e})") from None
+    except Exception as e:  # not found, or the user's module failed while importing (any error of its code)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"--timestep_sampler {spec}: cannot import it ({type(e).__name__}: {first})") from None
     check_method(cls, spec)
     return cls
 

@@ -26,6 +26,18 @@ def features(path: Path) -> Path:
     return path
 
 
+def scalar_features(path: Path) -> Path:
+    """A TorchScript 'feature network' that returns one number per batch, not [N, D] features."""
+    import torch
+
+    class Scalar(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.mean()
+
+    torch.jit.script(Scalar()).save(str(path))
+    return path
+
+
 def hub_drill(d: Drill) -> None:
     """The push, the pipeline, the data and the reference against a silent Hub; a SIGTERM during the data's wait."""
     feat = features(d.work / "feat.pt")
@@ -69,6 +81,8 @@ def hub_drill(d: Drill) -> None:
 
 
 TOKEN_FLAGS = [["--hub_t", SECRET], ["--hubtoken", SECRET], [f"--hub_tok={SECRET}"], ["--whatever", SECRET]]
+PLAIN = "s3cr3tPlainValue"  # not token-shaped: hidden only because of the flag's name (issue 57)
+PLAIN_FLAGS = [["--hubkey", PLAIN], ["--api_key", PLAIN], [f"--db_password={PLAIN}"]]
 CLI_BASE = {"train_accelerate.py": [], "sample.py": ["--model_path", "m", "--output_dir", "o"],
             "evaluate_fid.py": ["--samples", "s"], "reconstruct_ema.py": ["--run_dir", "r", "--sigma_rel", "0.1"]}
 
@@ -76,13 +90,15 @@ CLI_BASE = {"train_accelerate.py": [], "sample.py": ["--model_path", "m", "--out
 def token_echo_drill(d: Drill) -> None:
     """A misspelled or unknown token flag: refused (exit 2, one line) without the token in any output."""
     cases = [(script, base, spelling) for script, base in CLI_BASE.items()
-             for spelling in (TOKEN_FLAGS[:2] if script != "sample.py" else [["--hub_token", SECRET], TOKEN_FLAGS[2]])]
+             for spelling in (TOKEN_FLAGS[:2] if script != "sample.py" else [["--hub_token", SECRET], TOKEN_FLAGS[2]])
+             + PLAIN_FLAGS]
 
     def run(case):
         script, base, spelling = case
+        secret = SECRET if SECRET in "".join(spelling) else PLAIN
         rc, out, err, hung = d.cli([script, *base, *spelling])
-        d.record("token echo", f"{script} {spelling[0].split('=')[0]} hf_...", clean=rc == 2 and
-                 one_line(err) is not None and SECRET not in out + err, hung=hung, outputs=(out, err))
+        d.record("token echo", f"{script} {spelling[0].split('=')[0]} {secret[:5]}...", clean=rc == 2 and
+                 one_line(err) is not None and secret not in out + err, hung=hung, outputs=(out, err))
 
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(run, cases))
@@ -134,6 +150,21 @@ def bad_inputs(d: Drill, finished: Path) -> list[tuple[str, str, list[str], int,
          ["evaluate_fid.py", "--samples", str(d.data), "--feature_extractor", str(feat), "--ref_dir", str(d.data),
           "--num_images", "2", "--output", str(w / "m2.json")], 0, None),
         ("bad input: evaluate_fid.py", "--make_ref without a reference", ["evaluate_fid.py", "--make_ref"], 2, None),
+        (train, "--output_dir in /proc (root passes the permission check)", t(Path("/proc/drill-run")), 2, None),
+        (train, "--logging_dir in /proc", t(w / "t6", "--logging_dir", "/proc/drill-logs"), 2, w / "t6"),
+        ("bad input: sample.py", "--output_dir in /proc", ["sample.py", "--model_path", str(finished),
+                                                           "--output_dir", "/proc/drill-samples"], 2, None),
+        ("bad input: sample.py", "--output_dir /dev/null", ["sample.py", "--model_path", str(finished),
+                                                            "--output_dir", "/dev/null"], 2, None),
+        ("bad input: evaluate_fid.py", "--output in /proc", ["evaluate_fid.py", "--samples", str(d.data),
+                                                             "--feature_extractor", str(feat), "--ref_dir",
+                                                             str(d.data), "--output", "/proc/drill.json"], 2, None),
+        ("bad input: evaluate_fid.py", "a feature network that returns a scalar",
+         ["evaluate_fid.py", "--samples", str(d.data), "--feature_extractor", str(scalar_features(w / "scalar.pt")),
+          "--ref_dir", str(d.data), "--num_images", "4", "--output", str(w / "m3.json")], 2, None),
+        ("bad input: reconstruct_ema.py", "--output_dir in /proc", ["reconstruct_ema.py", "--run_dir", str(snaps),
+                                                                    "--sigma_rel", "0.1", "--output_dir",
+                                                                    "/proc/drill-ema"], 2, None),
         ("bad input: reconstruct_ema.py", "a run without snapshots", ["reconstruct_ema.py", "--run_dir",
                                                                       str(finished), "--sigma_rel", "0.1"],
          2, finished),

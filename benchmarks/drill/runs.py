@@ -89,21 +89,31 @@ def non_run_drill(d: Drill) -> None:
 
 
 def branch_drill(d: Drill, finished: Path) -> None:
-    """Resuming an older checkpoint moves the newer timeline aside; stats.jsonl keeps each step once."""
-    run = d.work / "branch"
-    shutil.rmtree(run, ignore_errors=True)
-    shutil.copytree(finished, run)
-    older = sorted(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-2]
-    step = int(older.name.split("-")[1])
-    newest = (run / f"checkpoint-{d.steps}" / "model.safetensors").read_bytes()
-    rc, out, hung = d.finish(d.start(run, "--resume_from_checkpoint", str(older), "--learning_rate", "1e-3"))
-    aside = run / f"abandoned-after-{step}"
-    kept = (aside / f"checkpoint-{d.steps}" / "model.safetensors").is_file() and \
-        (aside / f"checkpoint-{d.steps}" / "model.safetensors").read_bytes() == newest
-    steps = [json.loads(line)["step"] for line in (run / "stats.jsonl").read_text().splitlines() if '"lr"' in line]
-    d.record("branches", f"resume {older.name} of a finished run with a new --learning_rate",
-             clean=rc == 0 and kept and steps == sorted(set(steps)) and "moved aside" in out, lost=not kept,
-             hung=hung, outputs=(out,))
+    """Resuming an older checkpoint - one of the run's, or a copy kept outside it - moves the newer timeline aside;
+    stats.jsonl keeps each step once."""
+    for where in ("inside", "outside"):
+        run = d.work / f"branch-{where}"
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(finished, run)
+        older = sorted(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-2]
+        step = int(older.name.split("-")[1])
+        if where == "outside":  # a copy kept elsewhere under another name: its manifest says its step
+            kept_copy = d.work / "kept-elsewhere" / "bk"
+            shutil.rmtree(kept_copy.parent, ignore_errors=True)
+            kept_copy.parent.mkdir(parents=True)
+            shutil.copytree(older, kept_copy)
+            older = kept_copy
+        newest = (run / f"checkpoint-{d.steps}" / "model.safetensors").read_bytes()
+        rc, out, hung = d.finish(d.start(run, "--resume_from_checkpoint", str(older), "--learning_rate", "1e-3"))
+        aside = run / f"abandoned-after-{step}"
+        kept = (aside / f"checkpoint-{d.steps}" / "model.safetensors").is_file() and \
+            (aside / f"checkpoint-{d.steps}" / "model.safetensors").read_bytes() == newest
+        steps = [json.loads(line)["step"] for line in (run / "stats.jsonl").read_text().splitlines()
+                 if '"lr"' in line]
+        d.record("branches", f"resume {'a copy kept outside the run of ' if where == 'outside' else ''}checkpoint-"
+                 f"{step} of a finished run with a new --learning_rate",
+                 clean=rc == 0 and kept and steps == sorted(set(steps)) and "moved aside" in out, lost=not kept,
+                 hung=hung, outputs=(out,))
 
 
 def blow_up_drill(d: Drill, finished: Path, reference_output: str) -> None:
@@ -121,8 +131,37 @@ def blow_up_drill(d: Drill, finished: Path, reference_output: str) -> None:
     d.record("divergence", "finite blow-up (--learning_rate 1e6 --max_grad_norm 1, limit 1)",
              clean=rc in (0, 4) and kept and ("left its running range" in out or rc == 4), lost=not kept, hung=hung,
              outputs=(out,), exit_status=rc)
+    limit_one_drill(d, finished)
     d.record("divergence", "healthy reference run: the guard never fires",
              clean="left its running range" not in reference_output, outputs=())
+
+
+def limit_one_drill(d: Drill, finished: Path) -> None:
+    """Issue 57's probe: a finite blow-up (lr 0.3, clipped) under --checkpoints_total_limit 1, then `latest` with a
+    sane lr as the docs advise: a healthy checkpoint survives both, the rerun resumes it and leaves one timeline."""
+    from adaptive.checkpoint import OUT_OF_RANGE, list_checkpoints, verify_checkpoint
+
+    run = d.work / "blow-up-limit-1"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(finished, run)
+    common = ["--checkpointing_steps", "2", "--checkpoints_total_limit", "1", "--logging_steps", "2",
+              "--lr_warmup_steps", "0", "--max_grad_norm", "1"]
+    rc, out, hung = d.finish(d.start(run, "--resume_from_checkpoint", "latest", "--max_train_steps",
+                                     str(d.steps + 8), "--learning_rate", "0.3", *common))
+    healthy = run / f"checkpoint-{d.steps}"
+    later = [c for c in list_checkpoints(run) if int(c.name.split("-")[1]) > d.steps]
+    kept = healthy.is_dir() and verify_checkpoint(healthy) is None
+    d.record("divergence", "finite blow-up under --checkpoints_total_limit 1 (lr 0.3): later checkpoints marked",
+             clean=rc in (0, 4) and kept and all((c / OUT_OF_RANGE).exists() for c in later), lost=not kept,
+             hung=hung, outputs=(out,), exit_status=rc)
+    rc, out, hung = d.finish(d.start(run, "--resume_from_checkpoint", "latest", "--max_train_steps",
+                                     str(d.steps + 8), "--learning_rate", "1e-3", *common))
+    steps = [json.loads(line)["step"] for line in (run / "stats.jsonl").read_text().splitlines() if '"lr"' in line]
+    final = list_checkpoints(run)
+    d.record("divergence", "then `latest` with a sane lr: resumes the healthy checkpoint, one timeline",
+             clean=rc == 0 and f"{healthy} at step {d.steps}" in out and steps == sorted(set(steps))
+             and [c.name for c in final] == [f"checkpoint-{d.steps + 8}"]
+             and not (final[0] / OUT_OF_RANGE).exists(), lost=not final, hung=hung, outputs=(out,), exit_status=rc)
 
 
 def signal_drill(d: Drill) -> None:
