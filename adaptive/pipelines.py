@@ -12,7 +12,7 @@ from .checkpoint import (MANIFEST, MODEL_FILE, checkpoint_step, find_latest, loa
 from .config import ConfigError, TrainConfig
 from .hub_wait import hub_wait
 from .model import build_noise_scheduler, build_unet
-from .rundir import artifact
+from .rundir import ASIDE, ASIDE_PARTIAL, artifact
 
 __all__ = ["load_from_hub", "load_pipeline", "looks_local", "pipeline_from_checkpoint", "real_cause"]
 
@@ -35,16 +35,51 @@ def load_pipeline(model_path: str, weights: str = "ema", log=print):
         if not (exported and weights == "ema"):
             ckpt = p if checkpoint_step(p) is not None or (p / MANIFEST).is_file() else find_latest(p, log)
             if ckpt is None:
-                raise ConfigError(f"{p} holds no exported pipeline and no valid checkpoint-<step> folder")
+                raise ConfigError(f"{p} holds no exported pipeline and no valid checkpoint-<step> folder"
+                                  f"{mid_overwrite_hint(p)}")
             if ckpt != p:
                 log(f"{p} has {'no export' if not exported else 'an export of the EMA weights only'}: using "
                     f"{ckpt.name}, its newest valid checkpoint")
             return pipeline_from_checkpoint(ckpt, weights)
+        return load_exported(p)
     elif looks_local(model_path):
         raise ConfigError(f"--model_path {model_path}: not found (no such folder; a Hub id is 'owner/name')")
     elif weights != "ema":
         raise ConfigError(f"--weights {weights} needs a local run or checkpoint folder, not {model_path!r}")
     return load_from_hub(model_path)
+
+
+def load_exported(p: Path):
+    """DDPMPipeline.from_pretrained of a local run's export; a damaged export is a local one-line error (naming a
+    checkpoint to sample instead), never a Hub error."""
+    from diffusers import DDPMPipeline
+
+    try:
+        with quiet_logger("diffusers.pipelines.pipeline_utils"):
+            return DDPMPipeline.from_pretrained(str(p))
+    except Exception as e:  # safetensors, torch and diffusers raise many types for a damaged file
+        try:
+            ckpt = find_latest(p, lambda _: None)
+        except ConfigError:  # checkpoints, none valid
+            ckpt = None
+        instead = f"; its newest valid checkpoint loads with --model_path {ckpt}" if ckpt else ""
+        raise ConfigError(f"--model_path {p}: its exported pipeline does not load ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]}){instead}") from None
+
+
+def mid_overwrite_hint(p: Path) -> str:
+    """Where the run that an --overwrite_output_dir start replaced is, when that start ended before its first
+    checkpoint (rundir.ASIDE), and what restores it; '' otherwise."""
+    aside, partial = p / ASIDE, p / ASIDE_PARTIAL
+    restore = (f"any train_accelerate.py start on {p} (e.g. --output_dir {p} --resume_from_checkpoint latest) puts it "
+               "back first")
+    if aside.is_dir():
+        return (f": an --overwrite_output_dir run stopped before its first checkpoint, and the run it replaced is "
+                f"whole in {aside} - sample it with --model_path {aside}, or {restore}")
+    if partial.is_dir():
+        return (f": an --overwrite_output_dir run was stopped while moving the previous run into {partial}; "
+                f"{restore}")
+    return ""
 
 
 def load_from_hub(model_path: str):

@@ -314,6 +314,17 @@ def test_30_4_overwrite_in_a_folder_that_is_not_a_run_touches_only_run_files(tmp
     assert (out / "checkpoint-1").is_dir() and not (out / ".replaced-run").exists()
 
 
+@pytest.mark.slow
+def test_57_a_damaged_local_export_is_a_local_error_naming_a_checkpoint_to_sample(trained, tmp_path):
+    run, _ = fresh(trained, tmp_path)
+    weights = next((run / "unet").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    proc = run_cli("sample.py", ["--model_path", str(run), "--output_dir", str(tmp_path / "s"), "--num_images", "1"],
+                   check=False)
+    line = one_line_error(proc, 2, f"--model_path {run}: its exported pipeline does not load")
+    assert "Hub" not in line and f"--model_path {run / 'checkpoint-2'}" in line, line
+
+
 def replaced_run(trained, tmp_path) -> tuple[Path, list[str], dict]:
     """A copy of the finished run with a marker file among its samples, its arguments and its snapshot."""
     run, args = fresh(trained, tmp_path)
@@ -334,6 +345,13 @@ def test_30_3_a_failure_before_the_first_checkpoint_keeps_the_replaced_run(train
         assert snapshot(run) == before, proc.stderr[-3000:]
     else:  # killed with the old run aside: the next start puts it back (a finished run: nothing to train)
         assert (run / ".replaced-run").is_dir()
+        # meanwhile sample.py says where the previous run is and what restores it (issue 57), touching nothing
+        aside = run / ".replaced-run"
+        sampled = run_cli("sample.py", ["--model_path", str(run), "--output_dir", str(tmp_path / "s"),
+                                        "--num_images", "1"], check=False)
+        assert sampled.returncode == 2 and f"whole in {aside} - sample it with --model_path {aside}" in \
+            sampled.stderr and "--resume_from_checkpoint latest) puts it back first" in sampled.stderr, sampled.stderr
+        assert (aside / "model_index.json").is_file()  # what the message says: a pipeline folder
         done = run_cli("train_accelerate.py", [*args, "--resume_from_checkpoint", "latest"])
         assert "restored the run" in done.stdout and "nothing to train" in done.stdout, done.stdout[-3000:]
         assert snapshot(run) == before
