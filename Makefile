@@ -25,7 +25,7 @@ install: $(VENV)/.installed
 demo: install
 	p=$(DEMO_PRECISION) || exit 1; echo "demo: --mixed_precision $$p"; \
 	$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision $$p --dynamo_backend no \
-		train_accelerate.py --preset cpu-tiny16 --mixed_precision $$p \
+		train_accelerate.py --preset cpu-tiny16 --timestep_sampler adaptive --mixed_precision $$p \
 		$(if $(DATA),--train_data_dir $(DATA),--dataset_name cifar10) \
 		--output_dir $(DEMO_DIR) --overwrite_output_dir --max_train_steps 300 --train_batch_size 64 \
 		--save_images_steps 100 --checkpointing_steps 100 --logger none

@@ -16,6 +16,7 @@ imports it before its signal handlers are installed, and the methods import torc
 from __future__ import annotations
 
 import argparse
+import difflib
 import dataclasses
 import json
 import sys
@@ -360,7 +361,22 @@ class OneLineParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message):  # noqa: D401
-        self.exit(2, f"{self.prog}: error: {scrub_text(message, getattr(self, '_argv', []))}\n")
+        self.exit(2, f"{self.prog}: error: {scrub_text(message, getattr(self, '_argv', []))}"
+                     f"{self.did_you_mean(message)}\n")
+
+    def did_you_mean(self, message: str) -> str:
+        """'; did you mean --learning_rate?' for each unrecognised flag with a near namesake ('' when none)."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        hints = []
+        for token in message.split(":", 1)[1].split():
+            if token.startswith("--"):
+                near = difflib.get_close_matches(token.split("=", 1)[0], known, n=1, cutoff=0.75)
+                hints += [(near[0], token.split("=", 1)[0])] if near else []
+        if len(hints) == 1:
+            return f"; did you mean {hints[0][0]}?"
+        return f"; did you mean {', '.join(f'{n} (for {t})' for n, t in hints)}?" if hints else ""
 
 
 def _base_type(tp):

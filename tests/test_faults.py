@@ -855,6 +855,25 @@ def test_9_every_cli_refuses_abbreviated_flags():
         assert e.value.code == 2, module.__name__
 
 
+@pytest.mark.parametrize("module_name, base, typo, meant", [
+    ("train_accelerate", [], "--lerning_rate", "--learning_rate"),
+    ("sample", ["--model_path", "m", "--output_dir", "o"], "--num_imags", "--num_images"),
+    ("evaluate_fid", ["--samples", "s"], "--feature_extracter", "--feature_extractor"),
+    ("reconstruct_ema", ["--run_dir", "r", "--sigma_rel", "0.1"], "--at_stp", "--at_step")])
+def test_56_a_misspelled_flag_gets_its_nearest_namesake_and_an_unknown_one_none(module_name, base, typo, meant,
+                                                                                 capsys):
+    import importlib
+
+    module = importlib.import_module(module_name)
+    with pytest.raises(SystemExit) as e:
+        module.parse_args([*base, typo, "3"])
+    assert e.value.code == 2
+    one_line_error(capsys.readouterr().err, 2, f"unrecognized arguments: {typo} 3; did you mean {meant}?")
+    with pytest.raises(SystemExit):
+        module.parse_args([*base, "--zzzzzz", "3"])
+    assert "did you mean" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("module_name, base", [
     ("train_accelerate", []), ("sample", ["--model_path", "m", "--output_dir", "o"]),
     ("evaluate_fid", ["--samples", "s"]), ("reconstruct_ema", ["--run_dir", "r", "--sigma_rel", "0.1"])])

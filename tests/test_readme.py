@@ -103,3 +103,15 @@ def test_the_results_numbers_are_those_of_its_linked_table():
     held = "\n".join(t.read_text() for t in tables)
     numbers = re.findall(r"\d+\.\d+x?", result)
     assert numbers and [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", held)] == []
+
+
+def test_56_make_demo_trains_the_products_method_with_flags_train_accelerate_accepts():
+    """The demo shows `adaptive` (the README's picture), and its train_accelerate.py flags parse."""
+    import train_accelerate
+
+    recipe = (ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    flags = recipe.split("train_accelerate.py", 1)[1].split("\n\t@echo", 1)[0]
+    flags = re.sub(r"\$\(if \$\(DATA\),[^,]*,([^)]*)\)", r"\1", flags).replace("\\\n", " ").replace("$$p", "no")
+    flags = flags.replace("$(DEMO_DIR)", "runs/demo")
+    args = train_accelerate.parse_args(shlex.split(flags))
+    assert args.timestep_sampler == "adaptive" and args.preset == "cpu-tiny16"
