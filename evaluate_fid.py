@@ -129,9 +129,16 @@ def load_featnet(args):
     return FeatureNet(args.feature_extractor, device, args.mode, args.batch_size)
 
 
-def features(images, featnet):
-    """[N, D] float64 features of an ImageSet, read in chunks."""
-    return np.concatenate([featnet(chunk) for chunk in images.chunks()])
+def features(images, featnet, desc: str = "evaluate_fid.py: features of the samples"):
+    """[N, D] float64 features of an ImageSet, read in chunks, with progress (adaptive/progress.py)."""
+    from adaptive.progress import progress  # keeps --help fast
+
+    out = []
+    with progress(len(images), desc, "img") as bar:
+        for chunk in images.chunks():
+            out.append(featnet(chunk))
+            bar.update(len(chunk))
+    return np.concatenate(out)
 
 
 def reference_source(args):
@@ -168,7 +175,7 @@ def build_reference(args, featnet, resolution: Optional[int], log=print) -> dict
     if min(h, w) < resolution:
         raise ConfigError(f"the reference {source} is {w}x{h} px but the samples are {resolution}x{resolution} px; "
                           "a reference is only resized down")
-    images = decode_all(entries, resolution)
+    images = decode_all(entries, resolution, label=f"evaluate_fid.py: decoding the reference {source}")
     ref = reference_subset(images, args.ref_num_images, resolution)
     stats = reference_stats(ref, featnet, default_cache_dir(args.cache_dir), source, log)
     if (h, w) != (resolution, resolution):

@@ -172,20 +172,21 @@ def read_pngs(images_dir: Path, n: int):
 
 def generate(accelerator, unet, scheduler_config, todo: list[int], args, images_dir: Path) -> None:
     """This rank's contiguous share of the indices `todo`, in batches, each batch written as PNGs."""
-    from tqdm.auto import tqdm
-
     from adaptive.image_sampler import ddpm_sample  # imports torch: keeps --help fast
+    from adaptive.progress import progress  # keeps --help fast
 
     world = accelerator.num_processes
     with accelerator.split_between_processes(todo) as mine:  # no padding: ranks never talk while generating
         mine = list(mine)
-    bar = tqdm(total=len(todo), unit="img", disable=not accelerator.is_main_process, desc="sampling", smoothing=0.1)
+    bar = progress(len(todo), "sampling", "img", enabled=accelerator.is_main_process)
+    done = 0
     for start in range(0, len(mine), args.batch_size):
         idx = mine[start : start + args.batch_size]
         imgs = ddpm_sample(unet, scheduler_config, [args.seed_offset + i for i in idx], args.num_inference_steps,
                            len(idx), accelerator.device, accelerator.autocast, args.scheduler)  # sync point: per batch
         write_pngs(imgs, idx, images_dir)
-        bar.update(min(len(idx) * world, bar.total - bar.n))  # the main rank's pace stands for all ranks
+        bar.update(min(len(idx) * world, len(todo) - done))  # the main rank's pace stands for all ranks
+        done += min(len(idx) * world, len(todo) - done)
     bar.close()
 
 

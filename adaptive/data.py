@@ -265,14 +265,12 @@ def decode_image(entries: ImageEntries, i: int, size: Optional[int], resolution:
     return resize_uint8(x[None], size)[0]
 
 
-PROGRESS_DELAY_S = 1.0  # a decode that takes longer shows its progress bar
-
-
 def decode_all(entries: ImageEntries, resolution: int, limit: Optional[int] = None, threads: int = 0,
                label: Optional[str] = None) -> torch.Tensor:
     """Decode every image once into uint8 [N, 3, s, s] on the CPU (s from `storage_size` of the first image). With a
-    `label`: a progress bar on a terminal (stderr) once decoding has taken PROGRESS_DELAY_S, removed when done."""
-    from tqdm.auto import tqdm
+    `label`: progress under that name (adaptive/progress.py: a bar on a terminal, else lines) once decoding has
+    taken a second."""
+    from .progress import progress
 
     n = len(entries) if limit is None else min(limit, len(entries))
     if n == 0:
@@ -280,8 +278,8 @@ def decode_all(entries: ImageEntries, resolution: int, limit: Optional[int] = No
     first = decode_image(entries, 0, None, resolution)
     size = first.shape[-1]
     threads = threads or min(8, os.cpu_count() or 1)
-    bar = tqdm(total=n, initial=1, desc=label, unit="img", delay=PROGRESS_DELAY_S, leave=False, dynamic_ncols=True,
-               disable=None if label else True)  # None: shown on a terminal only
+    bar = progress(n, label or "", "img", enabled=bool(label))
+    bar.update(1)
     with ThreadPoolExecutor(threads) as pool, bar:
         rest = []
         for image in pool.map(lambda i: decode_image(entries, i, size, resolution), range(1, n)):

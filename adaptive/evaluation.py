@@ -18,9 +18,11 @@ from .data import decode_all, default_cache_dir, open_entries
 from .fid import (INCEPTION, FeatureNet, clean_fid_reference, feature_stats, frechet_distance, load_reference_stats,
                   reference_stats, reference_subset, warn_if_few)
 from .image_sampler import ddpm_sample, shard
+from .progress import progress
 
 
-def training_reference(cfg: TrainConfig, featnet: FeatureNet, train_images: Optional[torch.Tensor], log=print) -> dict:
+def training_reference(cfg: TrainConfig, featnet: FeatureNet, train_images: Optional[torch.Tensor], log=print,
+                       show: bool = True) -> dict:
     """{'mu', 'sigma'[, 'feats'], 'name'} of the configured reference at the training resolution; `train_images`: the
     decoded training data if at hand (else the training data is decoded here, as many images as training uses)."""
     if cfg.eval_ref_stats:
@@ -34,11 +36,12 @@ def training_reference(cfg: TrainConfig, featnet: FeatureNet, train_images: Opti
         entries = open_entries(replace(cfg, train_data_dir=cfg.eval_ref_dir or cfg.train_data_dir),
                                "--eval_ref_dir" if cfg.eval_ref_dir else "--train_data_dir")
         limit = None if cfg.eval_ref_dir else cfg.max_train_samples
-        images, source = decode_all(entries, cfg.resolution, limit=limit), entries.description
+        label = f"reference statistics: decoding {entries.description}" if show else None
+        images, source = decode_all(entries, cfg.resolution, limit=limit, label=label), entries.description
     else:
         images, source = train_images, "the training data"
     ref = reference_subset(images, cfg.eval_ref_num_images, cfg.resolution)
-    return reference_stats(ref, featnet, default_cache_dir(cfg.cache_dir), source, log)
+    return reference_stats(ref, featnet, default_cache_dir(cfg.cache_dir), source, log, show)
 
 
 class InTrainingEvaluator:
@@ -48,7 +51,7 @@ class InTrainingEvaluator:
         self.cfg, self.accelerator = cfg, accelerator
         self.featnet = FeatureNet(cfg.eval_feature_extractor, accelerator.device, cfg.eval_mode)
         with accelerator.main_process_first():
-            self.ref = training_reference(cfg, self.featnet, train_images, log)
+            self.ref = training_reference(cfg, self.featnet, train_images, log, accelerator.is_main_process)
         if accelerator.is_main_process:  # as evaluate_fid.py warns about its --samples
             warn_if_few(cfg.eval_num_images, self.ref["mu"].shape[0], "the evaluation (--eval_num_images)", log)
         self.points = set(cfg.eval_at_steps or ())
@@ -62,9 +65,12 @@ class InTrainingEvaluator:
         t0 = time.perf_counter()
         seeds = [cfg.eval_seed_offset + i for i in range(cfg.eval_num_images)]
         mine, _ = shard(seeds, acc.process_index, acc.num_processes)
-        imgs = ddpm_sample(unet, scheduler_config, mine, cfg.eval_inference_steps, cfg.eval_batch_size, acc.device,
-                           acc.autocast)
-        feats = torch.from_numpy(self.featnet(imgs)).to(acc.device)
+        main = acc.is_main_process
+        with progress(len(seeds), "evaluation: sampling", "img", enabled=main) as bar:
+            # the main rank's pace stands for all ranks
+            imgs = ddpm_sample(unet, scheduler_config, mine, cfg.eval_inference_steps, cfg.eval_batch_size,
+                               acc.device, acc.autocast, on_batch=lambda n: bar.update(n * acc.num_processes))
+        feats = torch.from_numpy(self.featnet(imgs, desc="evaluation: features" if main else None)).to(acc.device)
         if acc.num_processes > 1:
             feats = acc.gather(feats)
         if not acc.is_main_process:

@@ -118,9 +118,13 @@ class FeatureNet:
             self.identity = f"torchscript:{file_sha256(path)}"
 
     @torch.no_grad()
-    def __call__(self, images: torch.Tensor | np.ndarray) -> np.ndarray:
+    def __call__(self, images: torch.Tensor | np.ndarray, desc: Optional[str] = None) -> np.ndarray:
+        """`desc`: show progress under that name (adaptive/progress.py)."""
+        from .progress import progress
+
         imgs = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images
         out = []
+        bar = progress(len(imgs), desc or "", "img", enabled=desc is not None)
         for i in range(0, len(imgs), self.batch_size):
             chunk = imgs[i : i + self.batch_size]
             if self._resize is not None:  # clean-fid: resize every uint8 HWC image, then NCHW float [0, 255]
@@ -128,6 +132,8 @@ class FeatureNet:
             else:
                 x = chunk.permute(0, 3, 1, 2).float()
             out.append(self._checked(self._model(x.to(self.device)), len(chunk)).float().cpu().numpy())
+            bar.update(len(chunk))
+        bar.close()
         if not out:
             raise ConfigError("no images to compute features of")
         return np.concatenate(out).astype(np.float64)
@@ -249,7 +255,7 @@ def warn_if_few(num_images: int, dim: int, what: str, log: Callable[[str], None]
 
 
 def reference_stats(ref: torch.Tensor, featnet: "FeatureNet", cache_dir: Path, source: str,
-                    log: Callable[[str], None] = print) -> dict:
+                    log: Callable[[str], None] = print, show: bool = True) -> dict:
     """{'mu', 'sigma', 'feats', metadata} of reference images uint8 [N, S, S, 3], built once and cached under
     cache_dir/reference_stats/ by (content digest, network identity, resolution)."""
     ref = torch.as_tensor(ref)
@@ -259,7 +265,7 @@ def reference_stats(ref: torch.Tensor, featnet: "FeatureNet", cache_dir: Path, s
     path = Path(cache_dir) / "reference_stats" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".npz")
     if not path.exists():
         t0 = time.perf_counter()
-        feats = featnet(ref)
+        feats = featnet(ref, desc="reference statistics: features" if show else None)
         warn_if_few(len(ref), feats.shape[1], f"the reference {source}", log)
         save_stats(path, *feature_stats(feats), feats, resolution=resolution, feature_extractor=featnet.identity,
                    feature_name=featnet.name, mode=featnet.mode, source=source, num_images=len(ref), content=digest)

@@ -154,9 +154,12 @@ def _evaluate(*args: str) -> int:
     return main([*map(str, args), "--device", "cpu"])
 
 
-def test_in_training_evaluation_and_evaluate_fid_give_the_same_fd_for_the_same_images(tmp_path, sets, extractor):
+def test_in_training_evaluation_and_evaluate_fid_give_the_same_fd_for_the_same_images(tmp_path, sets, extractor,
+                                                                                       monkeypatch, capsys):
     """The same generated images, network and reference (the training data at 16 px, a 24-image subset): the in-training
-    evaluator and evaluate_fid.py on the images it would save agree to 1e-6 (one pipeline, adaptive/fid.py)."""
+    evaluator and evaluate_fid.py on the images it would save agree to 1e-6 (one pipeline, adaptive/fid.py). Both
+    show their progress (issue 56; here without a terminal: lines on stdout, shown at once with DELAY_S 0)."""
+    monkeypatch.setattr("adaptive.progress.DELAY_S", 0.0)
     from contextlib import nullcontext
     from types import SimpleNamespace
 
@@ -177,6 +180,10 @@ def test_in_training_evaluation_and_evaluate_fid_give_the_same_fd_for_the_same_i
     unet, sched = build_unet(cfg).eval(), build_noise_scheduler(cfg)
     evaluator = InTrainingEvaluator(cfg, acc, decode_all(open_entries(cfg), 16), log=lambda m: None)
     in_training = evaluator(unet, sched.config)["proxy_fd"]
+    shown = capsys.readouterr().out
+    for line in ("reference statistics: features: 24/24 img (100%)", "evaluation: sampling: 20/20 img (100%)",
+                 "evaluation: features: 20/20 img (100%)"):
+        assert line in shown, shown
     samples = tmp_path / "samples"
     samples.mkdir()
     images = ddpm_sample(unet, sched.config, [cfg.eval_seed_offset + i for i in range(20)], 3)
@@ -187,6 +194,9 @@ def test_in_training_evaluation_and_evaluate_fid_give_the_same_fd_for_the_same_i
                      sets["a"], "--ref_num_images", "24", "--cache_dir", tmp_path / "cache2", "--output", out) == 0
     m = json.loads(out.read_text())
     assert m["proxy_fd"] == pytest.approx(in_training, rel=1e-6) and in_training > 0
+    shown = capsys.readouterr().out
+    assert "evaluate_fid.py: features of the samples: 20/20 img (100%)" in shown, shown
+    assert "evaluate_fid.py: decoding the reference" in shown and "reference statistics: features: 24/24" in shown
     assert m["reference_resized_from"] == [32, 32]  # the 32 px training images, resized to the samples' 16 px
     import inspect
 
