@@ -29,7 +29,7 @@ from .seeding import generator, seed_for
 from .session import (RANGE_FACTOR, Session, end, main_process_logger, nothing_to_train, restore_replaced_run,
                       start_session)
 from .timesteps.base import DIAGNOSTIC_BINS, Draw, DrawRequest, asked
-from .timesteps.report import log_grid, tracker_values
+from .timesteps.report import log_bins, log_grid, save_heatmap, tracker_values
 
 
 def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
@@ -263,6 +263,8 @@ def log_statistics(run: Run, session: Session) -> None:
     session.stats_file.write(record)
     bins = run.cfg.log_timestep_bins or run.timesteps.tracks_by_default
     run.accelerator.log(tracker_values(record, bins), step=progress.step)
+    if bins and run.accelerator.is_main_process:
+        log_bins(run.accelerator, record, progress.step, run.cfg.ddpm_num_steps)
     loss = values.get("loss", math.nan)
     session.bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{record['img_per_s']:.0f}", lr=f"{record['lr']:.2e}",
                             refresh=False)
@@ -346,8 +348,8 @@ def preview(run: Run, session: Session, unet) -> Optional[Path]:
         return None
     out = Path(cfg.output_dir)
     with writing(f"the sample grid of step {run.progress.step}", out, "checkpoints are unaffected"):
-        session.report.save_heatmap(artifact(out, "heatmap"), cfg.ddpm_num_steps,
-                                    f"p(t) over training - {run.timesteps.name}")
+        save_heatmap(artifact(out, "stats"), artifact(out, "heatmap"), cfg.ddpm_num_steps,
+                     f"p(t) over training - {run.timesteps.name}")
         path = save_grid(images, artifact(out, "samples") / f"grid_{run.progress.step:07d}.png")
     log_grid(run.accelerator, np.asarray(Image.open(path)), run.progress.step)
     return path

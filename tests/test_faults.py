@@ -407,13 +407,34 @@ def test_30_5_resuming_an_older_checkpoint_moves_the_newer_timeline_aside(traine
 def test_56_tensorboard_shows_each_step_once_after_resuming_an_older_checkpoint(tmp_path, image_folder):
     """The first process logged steps 1-4; resumed from checkpoint-2, TensorBoard shows 1-4 once each (the second
     writer's purge_step hides the first one's steps 3-4), not 1-4 and 3-4 again."""
+    from adaptive.timesteps.report import heatmap_rows
+
     run = tmp_path / "run"
     args = tiny_args(image_folder, run, "--logger", "tensorboard", "--logging_steps", "1", "--checkpointing_steps", "2",
-                     "--save_images_steps", "none", "--max_train_steps", "4")
+                     "--save_images_steps", "none", "--max_train_steps", "4", "--timestep_sampler", "adaptive",
+                     "--adaptive_warmup_steps", "1")
     run_cli("train_accelerate.py", args)
     assert tensorboard_steps(run / "logs", "loss") == [1, 2, 3, 4]
     run_cli("train_accelerate.py", [*args, "--resume_from_checkpoint", str(run / "checkpoint-2")])
     assert sorted(tensorboard_steps(run / "logs", "loss")) == [1, 2, 3, 4]
+    # issue 56: the per-bin signals are one histogram over t each, not a scalar chart per bin; the heat-map's rows
+    # are the whole run across the resume, each step once
+    tags = tensorboard_tags(run / "logs")
+    assert {"timesteps/loss_by_t", "timesteps/p_by_t"} <= tags["histograms"], tags
+    assert not [t for t in tags["scalars"] if t.startswith("timesteps/") and t.rsplit("_", 1)[-1].isdigit()], tags
+    assert [s for s, _ in heatmap_rows(run / "stats.jsonl")] == [1, 2, 3, 4]
+
+
+def tensorboard_tags(logs: Path) -> dict[str, set[str]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: dict[str, set[str]] = {"scalars": set(), "histograms": set()}
+    for folder in sorted({p.parent for p in logs.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder))
+        acc.Reload()
+        for kind in tags:
+            tags[kind] |= set(acc.Tags().get(kind, []))
+    return tags
 
 
 def tensorboard_steps(logs: Path, tag: str) -> list[int]:

@@ -1,14 +1,16 @@
-"""What the user sees of the timestep sampler: its diagnostics as logged numbers, tracker scalars, and the p(t)
-heat-map.
+"""What the user sees of the timestep sampler: its diagnostics as logged numbers, tracker scalars and histograms, and
+the p(t) heat-map.
 
 Once per log step `TimestepReport.record(sampler, step)` turns `sampler.diagnostics()` into plain numbers with one
-host sync and keeps a row of the p(t) history; `save_heatmap` draws that history (matplotlib, Agg backend).
+host sync, p(t) in HEATMAP_BINS bins among them (`p_heatmap`), all of which go to stats.jsonl; `save_heatmap` draws
+the heat-map from stats.jsonl, so it holds the run's whole history across resumes (matplotlib, Agg backend).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -19,13 +21,11 @@ HEATMAP_BINS = 50  # timestep bins of the p(t) heat-map
 
 
 class TimestepReport:
-    """The p(t) history of a run (step, p in HEATMAP_BINS bins) and the per-log-step numbers."""
-
-    def __init__(self):
-        self.history: list[tuple[int, list[float]]] = []
+    """The per-log-step numbers of the timestep sampler."""
 
     def record(self, sampler, step: int) -> dict:
-        """The sampler's diagnostics as plain numbers (per-bin ones as lists); one host sync."""
+        """The sampler's diagnostics as plain numbers (per-bin ones as lists, p(t) in HEATMAP_BINS bins as
+        `p_heatmap`); one host sync."""
         diag = sampler.diagnostics()
         p_fine = bin_sum(diag.pop("p"), HEATMAP_BINS)
         names = sorted(diag)
@@ -36,12 +36,32 @@ class TimestepReport:
             size = diag[n].numel()
             out[n] = flat[pos] if diag[n].dim() == 0 else flat[pos : pos + size]
             pos += size
-        self.history.append((step, flat[pos:]))
+        out["p_heatmap"] = flat[pos:]
         return out
 
-    def save_heatmap(self, path: Path, num_timesteps: int, title: str) -> None:
-        if self.history:
-            save_p_heatmap([s for s, _ in self.history], [p for _, p in self.history], num_timesteps, path, title=title)
+
+def heatmap_rows(stats_path: Path) -> list[tuple[int, list[float]]]:
+    """(step, p in HEATMAP_BINS bins) of every stats.jsonl row that has `p_heatmap`: the whole run, across resumes
+    (a resumed run's stats.jsonl holds each step once)."""
+    rows = []
+    if Path(stats_path).exists():
+        for line in Path(stats_path).read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # a line torn by a kill
+            if isinstance(r, dict) and isinstance(r.get("p_heatmap"), list) and isinstance(r.get("step"), int):
+                rows.append((r["step"], r["p_heatmap"]))
+    return rows
+
+
+def save_heatmap(stats_path: Path, path: Path, num_timesteps: int, title: str) -> Optional[Path]:
+    """The p(t) heat-map of `heatmap_rows`, its x-axis from the first to the last logged step; None when there is no
+    row yet."""
+    rows = heatmap_rows(stats_path)
+    if not rows or len({len(p) for _, p in rows}) != 1:
+        return None
+    return save_p_heatmap([s for s, _ in rows], [p for _, p in rows], num_timesteps, path, title=title)
 
 
 TRACKED = ("loss", "lr", "grad_norm", "img_per_s")  # the per-step scalars people plot
@@ -49,17 +69,45 @@ TRACKED = ("loss", "lr", "grad_norm", "img_per_s")  # the per-step scalars peopl
 
 def tracker_values(record: dict, timestep_bins: bool) -> dict:
     """Tracker scalars of a log record: loss, lr, grad_norm, img_per_s; with `timestep_bins` also the timestep
-    diagnostics under timesteps/ (per-bin lists as timesteps/<name>_<bin>). stats.jsonl keeps everything."""
+    diagnostics' scalars under timesteps/ (the per-bin lists go as one histogram each: `log_bins`). stats.jsonl keeps
+    everything."""
     out = {k: record[k] for k in TRACKED if isinstance(record.get(k), (int, float))}
     if timestep_bins:
         for k, v in record.items():
             if k in TRACKED or k in ("step", "images", "train_seconds", "world_size"):
                 continue
-            if isinstance(v, list):
-                out.update({f"timesteps/{k}_{i}": x for i, x in enumerate(v) if x is not None})
-            elif isinstance(v, (int, float)):
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
                 out[f"timesteps/{k}"] = v
     return out
+
+
+def bin_lists(record: dict) -> dict[str, list[float]]:
+    """The per-timestep-bin diagnostics of a log record (loss_by_t, p_by_t, ...; p_heatmap is the heat-map's), a bin
+    not measured yet (None) as 0."""
+    return {k: [0.0 if x is None else x for x in v] for k, v in record.items()
+            if isinstance(v, list) and k != "p_heatmap" and v and all(x is None or isinstance(x, (int, float)) for x in v)}
+
+
+def log_bins(accelerator, record: dict, step: int, num_timesteps: int) -> None:
+    """Each per-bin diagnostic as one histogram over t per log step (x = timestep, height = the bin's value), to the
+    trackers that draw histograms (TensorBoard, W&B), instead of one scalar chart per bin."""
+    lists = bin_lists(record)
+    if not lists:
+        return
+    for tracker in accelerator.trackers:
+        for name, values in lists.items():
+            v = np.asarray(values, dtype=np.float64)
+            edges = np.linspace(0, num_timesteps, len(v) + 1)
+            if tracker.name == "tensorboard":
+                centres = (edges[:-1] + edges[1:]) / 2
+                tracker.writer.add_histogram_raw(
+                    f"timesteps/{name}", min=0.0, max=float(num_timesteps), num=float(v.sum()),
+                    sum=float((v * centres).sum()), sum_squares=float((v * centres**2).sum()),
+                    bucket_limits=edges[1:].tolist(), bucket_counts=v.tolist(), global_step=step)
+            elif tracker.name == "wandb":
+                import wandb
+
+                tracker.log({f"timesteps/{name}": wandb.Histogram(np_histogram=(v, edges))}, step=step)
 
 
 def log_grid(accelerator, grid, step: int) -> None:
@@ -90,6 +138,7 @@ def save_p_heatmap(steps: Sequence[int], probs: np.ndarray, num_timesteps: int, 
     mesh = ax.pcolormesh(x, (np.arange(bins) + 0.5) * num_timesteps / bins, density.T, shading="nearest",
                          cmap="viridis", vmin=0, vmax=max(2.0, float(np.nanmax(density))))
     fig.colorbar(mesh, ax=ax, label="T p(t)  (1 = uniform)")
+    ax.set_xlim(float(steps[0]) if len(steps) > 1 else x[0], float(steps[-1]) if len(steps) > 1 else x[-1])
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("timestep t")
     ax.set_title(title)
