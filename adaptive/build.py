@@ -18,6 +18,7 @@ from .config import ConfigError, TrainConfig, replace
 from .data import Layout, TrainData, load_train_data
 from .ema import EMA
 from .faults import LaunchError, agree
+from .fid import check_feature_network
 from .losses import DiffusionTables
 from .model import build_noise_scheduler, build_unet
 from .phema import PowerEMAs
@@ -109,7 +110,7 @@ def raise_on_every_rank(accelerator, main_error: Optional[str]) -> None:
 def check_buildable(cfg: TrainConfig) -> None:
     """Build the U-Net and run one forward pass on the meta device (no memory, no compute, ~0.2 s), and the optimizer
     on one tensor: flags that Diffusers or torch refuse become a one-line ConfigError before anything is loaded or
-    written."""
+    written; with evaluation on, that its feature network can be had."""
     try:
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), torch.device("meta"):
             warnings.simplefilter("ignore")
@@ -123,6 +124,8 @@ def check_buildable(cfg: TrainConfig) -> None:
         build_optimizer(cfg, [torch.zeros(1, requires_grad=True)])
     except ValueError as e:
         raise ConfigError(f"the optimizer refuses these settings: {e}") from None
+    if cfg.eval_steps or cfg.eval_at_steps:  # before any data is decoded (the evaluator loads it much later)
+        check_feature_network(cfg.eval_feature_extractor, "--eval_feature_extractor")
 
 
 def apply_optimizer_settings(run: Run) -> None:

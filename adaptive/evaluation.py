@@ -49,7 +49,8 @@ class InTrainingEvaluator:
 
     def __init__(self, cfg: TrainConfig, accelerator, train_images: Optional[torch.Tensor], log=print):
         self.cfg, self.accelerator = cfg, accelerator
-        self.featnet = FeatureNet(cfg.eval_feature_extractor, accelerator.device, cfg.eval_mode)
+        self.featnet = FeatureNet(cfg.eval_feature_extractor, accelerator.device, cfg.eval_mode,
+                                  flag="--eval_feature_extractor")
         with accelerator.main_process_first():
             self.ref = training_reference(cfg, self.featnet, train_images, log, accelerator.is_main_process)
         if accelerator.is_main_process:  # as evaluate_fid.py warns about its --samples

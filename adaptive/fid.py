@@ -92,8 +92,10 @@ def file_sha256(path: str | Path) -> str:
 class FeatureNet:
     """A feature network with one call: uint8 images [N, H, W, 3] -> float64 features [N, D] (numpy)."""
 
-    def __init__(self, spec: str, device: torch.device | str = "cpu", mode: str = "clean", batch_size: int = 250):
+    def __init__(self, spec: str, device: torch.device | str = "cpu", mode: str = "clean", batch_size: int = 250,
+                 flag: str = "--feature_extractor"):
         self.spec, self.device, self.mode, self.batch_size = spec, torch.device(device), mode, batch_size
+        check_feature_network(spec, flag)
         if spec == INCEPTION:
             self.name, self.metric = f"inception-v3 (clean-fid, {mode})", "fid"
             self._model = _load_inception(mode, self.device)
@@ -103,8 +105,6 @@ class FeatureNet:
             self.identity = f"inception:{mode}"
         else:
             path = Path(spec)
-            if not path.is_file():
-                raise ConfigError(f"feature extractor {spec} does not exist")
             try:
                 import warnings
 
@@ -112,7 +112,7 @@ class FeatureNet:
                     warnings.simplefilter("ignore", FutureWarning)  # torch.jit.load's deprecation notice
                     self._model = torch.jit.load(str(path), map_location=self.device).eval()
             except Exception as e:
-                raise ConfigError(f"{spec} is not a TorchScript feature network ({type(e).__name__})") from None
+                raise ConfigError(f"{flag} {spec} is not a TorchScript feature network ({type(e).__name__})") from None
             self._resize = None
             self.name, self.metric = path.name, "proxy_fd"
             self.identity = f"torchscript:{file_sha256(path)}"
@@ -148,9 +148,15 @@ class FeatureNet:
         return feats
 
 
-def _load_inception(mode: str, device: torch.device):
-    from cleanfid.features import build_feature_extractor
-
+def check_feature_network(spec: str, flag: str = "--feature_extractor") -> None:
+    """ConfigError (one line, naming `flag`) unless the feature network can be had: a TorchScript file that exists,
+    or clean-fid's Inception weights on disk or downloadable. Cheap (nothing loaded): run before any data is
+    decoded."""
+    if spec != INCEPTION:
+        if not Path(spec).expanduser().is_file():
+            raise ConfigError(f"{flag} {spec}: the feature network does not exist (a TorchScript .pt file, or "
+                              f"'{INCEPTION}' for clean-fid's Inception)")
+        return
     if not os.path.exists(INCEPTION_FILE):
         try:
             import socket
@@ -159,8 +165,13 @@ def _load_inception(mode: str, device: torch.device):
         except OSError:
             raise ConfigError(
                 f"clean-fid's Inception weights are not at {INCEPTION_FILE} and cannot be downloaded (offline); copy "
-                "inception-2015-12-05.pt there, or pass --feature_extractor PATH.pt (a TorchScript network)"
+                f"inception-2015-12-05.pt there, or pass {flag} PATH.pt (a TorchScript network)"
             ) from None
+
+
+def _load_inception(mode: str, device: torch.device):
+    from cleanfid.features import build_feature_extractor
+
     return build_feature_extractor(mode, device, use_dataparallel=False)
 
 

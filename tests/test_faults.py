@@ -717,6 +717,17 @@ def test_30_10_a_missing_eval_ref_dir_is_named_as_such(tmp_path, capsys, image_f
     one_line_error(err, 2, f"--eval_ref_dir {tmp_path / 'nowhere'} does not exist")
 
 
+def test_56_a_missing_feature_network_is_named_by_the_training_flag_before_any_data_is_decoded(tmp_path, capsys,
+                                                                                              image_folder):
+    missing = tmp_path / "missing.pt"
+    code = main_of_train(tiny_args(image_folder, tmp_path / "run", "--max_train_steps", "1", "--eval_steps", "1",
+                                   "--eval_feature_extractor", str(missing)))
+    out, err = capsys.readouterr()
+    assert code == 2
+    one_line_error(err, 2, f"--eval_feature_extractor {missing}: the feature network does not exist")
+    assert "data:" not in out and not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_30_9_a_second_ctrl_c_during_an_export_stops_at_once_keeping_the_previous_export(tmp_path, image_folder):
     from test_resume import wait_for
