@@ -165,6 +165,9 @@ class TrainConfig:
     hub_token: typing.Optional[str] = setting(
         None, "Hub token (else HF_TOKEN or the cached login); never written anywhere")
     hub_private_repo: bool = setting(False, "create the Hub repo private")
+    license: typing.Optional[str] = setting(
+        None, "the model's license in its card's metadata (a Hub license id: mit, apache-2.0, cc-by-4.0, ...); none = "
+              "not stated")
     push_checkpoints: bool = setting(
         False, "also upload training-state checkpoint-* folders (off: only the pipeline and card)")
     hub_upload_timeout: float = setting(

@@ -68,11 +68,27 @@ def fmt_duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
 
 
+CIFAR10_HUB = "uoft-cs/cifar10"  # the Hub's CIFAR-10, what torchvision's download is
+
+
+def training_data(cfg) -> tuple[str, list[str]]:
+    """The training data in words (one card row) and the Hub datasets it is, for the `datasets:` metadata. A local
+    --train_data_dir wins over --dataset_name (as adaptive.data.open_entries); its path is shown by file name only."""
+    if cfg.train_data_dir:
+        name = Path(str(cfg.train_data_dir)).name or str(cfg.train_data_dir)
+        return f"local images: {name}", []
+    if not cfg.dataset_name:
+        return "unknown", []
+    if cfg.dataset_name.lower() in ("cifar10", "cifar-10"):
+        return f"CIFAR-10, train split (torchvision; on the Hub: {CIFAR10_HUB})", [CIFAR10_HUB]
+    return f"{cfg.dataset_name} (Hub dataset)", [cfg.dataset_name]
+
+
 def settings_rows(cfg, progress, info: dict, posthoc: Optional[dict] = None) -> list[str]:
     """The card's short table of how the model was trained (the full config follows, folded)."""
     batch, precision = info.get("global_batch"), info.get("mixed_precision") or cfg.mixed_precision or "no"
     steps = f"{progress.step:,}" + (f" x batch {batch:,} = {progress.images_seen:,} images" if batch else "")
-    rows = [_row("optimizer steps", steps)]
+    rows = [_row("training data", training_data(cfg)[0]), _row("optimizer steps", steps)]
     if progress.train_seconds is not None:
         rows.append(_row("training wall-clock", f"{fmt_duration(progress.train_seconds)} on {hardware(info)}"))
     rows += [
@@ -108,14 +124,18 @@ def metric_rows(metrics: dict) -> list[str]:
 def build_model_card(folder: Path, cfg, progress, info: dict, metrics: Optional[dict] = None,
                      repo_id: Optional[str] = None, posthoc: Optional[dict] = None):
     """The model card (a `huggingface_hub.ModelCard`) of the pipeline exported in `folder`: metadata for the Hub
-    (library diffusers, pipeline tag, tags), a usage snippet that loads `repo_id` when the pipeline is pushed, else
-    `folder` as given, the key settings and latest metrics in a short table, the full config folded (<details>).
+    (library diffusers, pipeline tag, tags, the training data's Hub `datasets`, `license` when --license gives one),
+    a usage snippet that loads `repo_id` when the pipeline is pushed, else the folder's absolute path (it works from
+    any directory), the key settings and latest metrics in a short table, the full config folded (<details>).
     `posthoc`: {'sigma_rel', 'at_step', 'snapshots'} for a post-hoc EMA reconstruction (reconstruct_ema.py)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     folder = Path(folder)
+    datasets = training_data(cfg)[1]
     data = ModelCardData(library_name="diffusers", pipeline_tag="unconditional-image-generation",
-                         tags=[*TAGS, f"timestep-sampler-{cfg.timestep_sampler}".replace("_", "-")])
+                         tags=[*TAGS, f"timestep-sampler-{cfg.timestep_sampler}".replace("_", "-")],
+                         **({"datasets": datasets} if datasets else {}),
+                         **({"license": cfg.license} if getattr(cfg, "license", None) else {}))
     steps, total = cfg.ddpm_num_inference_steps, cfg.ddpm_num_steps
     how = "the full DDPM chain" if steps == total else f"DDPM ancestral, {steps} of {total} steps, as the sample grids"
     title = f"# DDPM trained with adaptive-diffusion ({cfg.preset})"
@@ -127,7 +147,7 @@ def build_model_card(folder: Path, cfg, progress, info: dict, metrics: Optional[
         "```python",
         "from diffusers import DDPMPipeline",
         "",
-        f"pipe = DDPMPipeline.from_pretrained({json.dumps(repo_id or str(folder))})",
+        f"pipe = DDPMPipeline.from_pretrained({json.dumps(repo_id or str(folder.resolve()))})",
         f"images = pipe(batch_size=16, num_inference_steps={steps}).images  # {how}",
         "```",
         "",

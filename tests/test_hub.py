@@ -533,6 +533,7 @@ def test_model_card_round_trips_with_hub_metadata_and_the_repo_id(tmp_path):
     rows = [line for line in card.text.splitlines() if line.startswith("|")]
     assert rows == [
         "| | |", "|---|---|",
+        "| training data | local images: images.zip |",  # named once, though the preset also names cifar10
         "| optimizer steps | 1,200 x batch 128 = 153,600 images |",
         "| training wall-clock | 1.50 h on 1 x CPU |",
         "| resolution, parameters | 16 px, 1,100,000 |",
@@ -566,6 +567,26 @@ def test_a_local_cards_snippet_loads_its_folder_and_short_runs_show_seconds_or_m
     assert "num_inference_steps=50).images  # DDPM ancestral, 50 of 1000 steps, as the sample grids" in card.text
     assert [fmt_duration(s) for s in (0.4, 59.4, 60, 754, 3599, 3600, 5400)] == \
         ["0 s", "59 s", "1.0 min", "12.6 min", "60.0 min", "1.00 h", "1.50 h"]
+
+
+def test_a_cards_snippet_loads_from_any_folder_and_it_names_its_data_and_license(tmp_path, monkeypatch):
+    """Issue 56: a run trained with a relative --output_dir gets the absolute path in its snippet; a Hub dataset is
+    named in one row and in the `datasets:` metadata; --license goes to the metadata."""
+    from adaptive.checkpoint import Progress
+    from adaptive.config import replace
+    from adaptive.model_card import CIFAR10_HUB, build_model_card
+
+    out, cfg, progress, info = card_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    card = build_model_card(out.relative_to(tmp_path), cfg, progress, info)
+    assert f"DDPMPipeline.from_pretrained({json.dumps(str(out.resolve()))})" in card.text
+    assert not card.data.to_dict().get("datasets") and "license" not in card.data.to_dict()
+    for dataset, row, meta in (("cifar10", f"CIFAR-10, train split (torchvision; on the Hub: {CIFAR10_HUB})",
+                                CIFAR10_HUB), ("someone/faces", "someone/faces (Hub dataset)", "someone/faces")):
+        card = build_model_card(out, replace(cfg, train_data_dir=None, dataset_name=dataset, license="mit"),
+                                Progress(step=3), info)
+        assert f"| training data | {row} |" in card.text and card.data.datasets == [meta]
+        assert card.data.license == "mit"
 
 
 def test_local_paths_are_redacted(tmp_path):
