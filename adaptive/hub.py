@@ -44,7 +44,6 @@ _CHECKPOINT_PATTERN = "checkpoint-*/**"
 # Never published. huggingface_hub matches with fnmatch, where `*` also crosses `/`, so "*.tmp" covers every level
 # and ".checkpoint-*" covers the staging folders of checkpoints being written (".checkpoint-<step>.tmp/...").
 _NEVER_PATTERNS = [
-    "logs/*",
     "*/logs/*",
     "stats.jsonl",
     "*/stats.jsonl",
@@ -80,10 +79,13 @@ def resolve_token(cli_token: Optional[str]) -> Optional[str]:
     return find_token(cli_token)[0]
 
 
-def upload_patterns(push_checkpoints: bool) -> tuple[list[str], list[str]]:
-    """(allow_patterns, ignore_patterns) in huggingface_hub's `filter_repo_objects` syntax for a run folder. Fresh
-    lists on every call."""
+def upload_patterns(push_checkpoints: bool, logs: Optional[str] = None) -> tuple[list[str], list[str]]:
+    """(allow_patterns, ignore_patterns) in huggingface_hub's `filter_repo_objects` syntax for a run folder. `logs`:
+    the tracker folder inside it (--logging_dir), pushed with the model as Diffusers' examples do (the Hub's
+    training-metrics tab reads its TensorBoard files). Fresh lists on every call."""
     allow = hub_patterns()  # the DDPMPipeline export, its model card and the images it shows
+    if logs:
+        allow.append(f"{logs.rstrip('/')}/*")  # fnmatch: `*` crosses `/`
     ignore = list(_NEVER_PATTERNS)
     if push_checkpoints:
         allow.append(_CHECKPOINT_PATTERN)
@@ -92,7 +94,7 @@ def upload_patterns(push_checkpoints: bool) -> tuple[list[str], list[str]]:
     return allow, ignore
 
 
-def commit_files(folder: Path, push_checkpoints: bool) -> dict[str, object]:
+def commit_files(folder: Path, push_checkpoints: bool, logs: Optional[str] = None) -> dict[str, object]:
     """What a push of `folder` commits: path in the repo -> local file, or the bytes of a redacted copy
     (`rundir.public_bytes`: the run's config.json files keep their local paths for resuming; the Hub gets them
     without)."""
@@ -102,7 +104,7 @@ def commit_files(folder: Path, push_checkpoints: bool) -> dict[str, object]:
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder")
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    allow, ignore = upload_patterns(push_checkpoints)
+    allow, ignore = upload_patterns(push_checkpoints, logs)
     out: dict[str, object] = {}
     for rel in filter_repo_objects(files, allow_patterns=allow, ignore_patterns=ignore):
         content = public_bytes(folder, rel)
@@ -152,12 +154,14 @@ class HubUploader:
         endpoint: Optional[str] = None,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         token_source: str = "--hub_token",
+        logs: Optional[str] = None,
     ):
         from huggingface_hub import HfApi
 
         self.repo_id = repo_id
         self.private = bool(private)
         self.push_checkpoints = bool(push_checkpoints)
+        self.logs = logs  # the tracker folder inside the run folder, pushed with the model (None: not pushed)
         self.retries = max(1, int(retries))
         self.backoff_s = max(0.0, float(backoff_s))
         self.request_timeout_s = float(request_timeout_s)
@@ -332,7 +336,7 @@ class HubUploader:
         if not self._repo_ready:
             self._create_repo()
         operations = []
-        for rel, content in commit_files(folder, self.push_checkpoints).items():
+        for rel, content in commit_files(folder, self.push_checkpoints, self.logs).items():
             try:
                 operations.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=content))
             except ValueError:
@@ -395,6 +399,13 @@ class HubUploader:
 # ------------------------------------------------------------------------------------------------ a run's uploads
 
 
+def logs_inside(cfg: TrainConfig) -> Optional[str]:
+    """--logging_dir relative to the run folder when it lies inside it (then it is pushed), else None."""
+    out = Path(cfg.output_dir).resolve()
+    logs = (out / cfg.logging_dir).resolve()
+    return logs.relative_to(out).as_posix() if out in logs.parents else None
+
+
 def connect_hub(cfg: TrainConfig, log):
     """With --push_to_hub, on the launcher's rank 0 (before the process group exists): resolve the token, check it and
     create the repo now, so that a missing login, a bad token or a repo it cannot write is a one-line error before the
@@ -406,7 +417,7 @@ def connect_hub(cfg: TrainConfig, log):
     repo_id = cfg.hub_model_id or Path(cfg.output_dir).resolve().name
     try:
         uploader = HubUploader(repo_id, token, private=cfg.hub_private_repo, push_checkpoints=cfg.push_checkpoints,
-                               log=log, token_source=source)
+                               log=log, token_source=source, logs=logs_inside(cfg))
         uploader.open_repo()
     except ConfigError as e:
         return None, str(e)

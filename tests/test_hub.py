@@ -273,6 +273,26 @@ def test_upload_patterns_select_the_pipeline_and_card():
     assert upload_patterns(False)[1] is not upload_patterns(False)[1]  # fresh lists: upload_folder extends them
 
 
+def test_56_the_tracker_logs_go_up_with_the_model_and_never_with_local_paths(tmp_path, run_folder):
+    """Issue 56: --logging_dir inside the run is pushed (as Diffusers' examples do); one outside it, logs inside a
+    checkpoint, stats.jsonl and run_info.json are not. The trackers' config holds no local path."""
+    from adaptive.config import PRESETS, TrainConfig, replace
+    from adaptive.hub import commit_files, logs_inside
+    from adaptive.stats import tracker_config
+
+    logs = "logs/ddpm/events.out.tfevents.1.host"
+    assert logs in commit_files(run_folder, False, logs="logs") and logs not in commit_files(run_folder, False)
+    pushed = set(commit_files(run_folder, False, logs="logs"))
+    assert pushed == set(PIPELINE_FILES) | {logs}  # nothing else of the private files
+    cfg = TrainConfig(**{**PRESETS["cpu-tiny16"], "output_dir": str(run_folder),
+                         "train_data_dir": str(tmp_path / "data" / "train.zip")})
+    assert logs_inside(cfg) == "logs" and logs_inside(replace(cfg, logging_dir=str(tmp_path / "tb"))) is None
+    assert logs_inside(replace(cfg, logging_dir="tb/run1")) == "tb/run1"
+    hparams = tracker_config(cfg)
+    assert str(tmp_path) not in json.dumps(hparams)
+    assert hparams["train_data_dir"] == "train.zip" and hparams["output_dir"] == "."
+
+
 def test_push_delivers_exactly_the_pipeline_private_and_authenticated(hub, run_folder):
     uploader, lines = make_uploader(hub, private=True)
     uploader.push(run_folder, "step 10")
