@@ -175,7 +175,8 @@ def build_reference(args, featnet, resolution: Optional[int], log=print) -> dict
     if min(h, w) < resolution:
         raise ConfigError(f"the reference {source} is {w}x{h} px but the samples are {resolution}x{resolution} px; "
                           "a reference is only resized down")
-    images = decode_all(entries, resolution, label=f"evaluate_fid.py: decoding the reference {source}")
+    images = decode_all(entries, resolution, label=f"evaluate_fid.py: decoding the reference {source}",
+                        cache_dir=default_cache_dir(args.cache_dir), log=log)
     ref = reference_subset(images, args.ref_num_images, resolution)
     stats = reference_stats(ref, featnet, default_cache_dir(args.cache_dir), source, log)
     if (h, w) != (resolution, resolution):

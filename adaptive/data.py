@@ -59,6 +59,10 @@ class ImageEntries:
     def open(self, i: int):
         raise NotImplementedError
 
+    def content_key(self) -> Optional[str]:
+        """A string that changes whenever the images do (adaptive/decoded_cache.py), or None: not cached."""
+        return None
+
 
 def _decode_bytes(data: bytes, name: str, where: str):
     from PIL import Image
@@ -82,6 +86,15 @@ class FolderEntries(ImageEntries):
 
     def name(self, i):
         return str(self.files[i].relative_to(self.root))
+
+    def content_key(self):
+        import hashlib
+
+        h = hashlib.sha256()
+        for p in self.files:
+            st = p.stat()
+            h.update(f"{p.relative_to(self.root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return f"folder:{h.hexdigest()}"
 
     def open(self, i):
         try:
@@ -114,6 +127,11 @@ class ZipEntries(ImageEntries):
     def name(self, i):
         return self.names[i]
 
+    def content_key(self):
+        from .decoded_cache import file_sha256
+
+        return f"zip:{file_sha256(self.path)}"
+
     def open(self, i):
         if self._zip is None:
             self._zip = zipfile.ZipFile(self.path)
@@ -131,6 +149,10 @@ class HubEntries(ImageEntries):
     def __len__(self):
         return len(self.dataset)
 
+    def content_key(self):
+        fingerprint = getattr(self.dataset, "_fingerprint", None)  # datasets' own content hash of the table
+        return f"hub:{fingerprint}:{self.column}" if fingerprint else None
+
     def open(self, i):
         img = self.dataset[i][self.column]
         if isinstance(img, dict) and "bytes" in img:
@@ -146,6 +168,11 @@ class ArrayEntries(ImageEntries):
 
     def __len__(self):
         return len(self.array)
+
+    def content_key(self):
+        import hashlib
+
+        return f"array:{hashlib.sha256(np.ascontiguousarray(self.array).data).hexdigest()}"
 
     def open(self, i):
         from PIL import Image
@@ -266,13 +293,35 @@ def decode_image(entries: ImageEntries, i: int, size: Optional[int], resolution:
 
 
 def decode_all(entries: ImageEntries, resolution: int, limit: Optional[int] = None, threads: int = 0,
-               label: Optional[str] = None) -> torch.Tensor:
+               label: Optional[str] = None, cache_dir: Optional[Path] = None,
+               log: Callable[[str], None] = print) -> torch.Tensor:
     """Decode every image once into uint8 [N, 3, s, s] on the CPU (s from `storage_size` of the first image). With a
     `label`: progress under that name (adaptive/progress.py: a bar on a terminal, else lines) once decoding has
-    taken a second."""
+    taken a second. With a `cache_dir`: loaded from, else saved to, the decoded cache (adaptive/decoded_cache.py)."""
+    return decode_or_load(entries, resolution, limit, threads, label, cache_dir, log)[0]
+
+
+def decode_or_load(entries: ImageEntries, resolution: int, limit: Optional[int] = None, threads: int = 0,
+                   label: Optional[str] = None, cache_dir: Optional[Path] = None,
+                   log: Callable[[str], None] = print) -> tuple[torch.Tensor, bool]:
+    """decode_all, and whether the images came from the decoded cache."""
+    from . import decoded_cache
     from .progress import progress
 
     n = len(entries) if limit is None else min(limit, len(entries))
+    key = entries.content_key() if cache_dir is not None and n else None
+    path = decoded_cache.cache_path(cache_dir, key, resolution, n) if key else None
+    cached = decoded_cache.load(path, n) if path else None
+    if cached is not None:
+        return cached, True
+    images = _decode(entries, resolution, n, threads, label, progress)
+    if path is not None:
+        decoded_cache.save(path, images, log)
+    return images, False
+
+
+def _decode(entries: ImageEntries, resolution: int, n: int, threads: int, label: Optional[str], progress):
+    """decode_all without its cache."""
     if n == 0:
         raise ConfigError(f"no images in {entries.description}")
     first = decode_image(entries, 0, None, resolution)
@@ -453,9 +502,11 @@ def load_train_data(cfg: TrainConfig, layout: Layout, rank: int, device: torch.d
         return TrainData(cfg, layout, rank, device, entries=entries)
     t0 = time.perf_counter()
     label = f"data: decoding {entries.description}" if rank == 0 else None
-    images = decode_all(entries, cfg.resolution, limit=n, label=label)
+    images, cached = decode_or_load(entries, cfg.resolution, limit=n, label=label,
+                                    cache_dir=default_cache_dir(cfg.cache_dir), log=log)
     data_device = device if cfg.data_device == "auto" else torch.device("cpu")
     images = images.to(data_device)
+    how = "loaded from the decoded cache" if cached else "decoded"
     log(f"data: {n} images from {entries.description}, uint8 {tuple(images.shape[1:])} resident on {data_device} "
-        f"(decoded in {time.perf_counter() - t0:.1f} s)")
+        f"({how} in {time.perf_counter() - t0:.1f} s)")
     return TrainData(cfg, layout, rank, device, images=images)

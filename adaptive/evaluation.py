@@ -37,7 +37,9 @@ def training_reference(cfg: TrainConfig, featnet: FeatureNet, train_images: Opti
                                "--eval_ref_dir" if cfg.eval_ref_dir else "--train_data_dir")
         limit = None if cfg.eval_ref_dir else cfg.max_train_samples
         label = f"reference statistics: decoding {entries.description}" if show else None
-        images, source = decode_all(entries, cfg.resolution, limit=limit, label=label), entries.description
+        images = decode_all(entries, cfg.resolution, limit=limit, label=label,
+                            cache_dir=default_cache_dir(cfg.cache_dir), log=log)
+        source = entries.description
     else:
         images, source = train_images, "the training data"
     ref = reference_subset(images, cfg.eval_ref_num_images, cfg.resolution)

@@ -182,3 +182,46 @@ def test_a_slow_decode_shows_one_progress_bar_line_on_a_terminal(monkeypatch):
         monkeypatch.setattr(sys, "stderr", stream)
         assert decode_all(Slow(), 16, threads=1, label=label).shape == (6, 3, 16, 16)
         assert ("data: decoding slow:" in stream.getvalue() and "/6 [" in stream.getvalue()) == shown
+
+
+def test_56_data_is_decoded_once_then_loaded_from_the_cache_keyed_by_its_content(tmp_path):
+    """The second decode of the same source at the same resolution loads the cached array (identical images); a
+    changed file, another resolution or a damaged cache entry decode again; a cache that cannot be written warns."""
+    import os
+
+    from PIL import Image
+
+    from adaptive.data import FolderEntries, ZipEntries, decode_or_load
+
+    folder = write_images(tmp_path / "imgs", n_per_class=3)
+    cache = tmp_path / "cache"
+    first, cached = decode_or_load(FolderEntries(folder), 16, cache_dir=cache)
+    assert not cached and len(list((cache / "decoded").glob("*.npy"))) == 1
+    again, cached = decode_or_load(FolderEntries(folder), 16, cache_dir=cache)
+    assert cached and torch.equal(first, again)
+    assert not decode_or_load(FolderEntries(folder), 8, cache_dir=cache)[1]  # another resolution: its own entry
+    assert not decode_or_load(FolderEntries(folder), 16, limit=4, cache_dir=cache)[1]  # another count too
+
+    victim = sorted(folder.rglob("*.png"))[0]
+    Image.new("RGB", (32, 32), (255, 0, 0)).save(victim)
+    os.utime(victim, ns=(10**18, 10**18))  # a new content and time: a new key
+    changed, cached = decode_or_load(FolderEntries(folder), 16, cache_dir=cache)
+    assert not cached and not torch.equal(changed, first)
+
+    for entry in (cache / "decoded").glob("*.npy"):
+        entry.write_bytes(b"not an array")
+    repaired, cached = decode_or_load(FolderEntries(folder), 16, cache_dir=cache)
+    assert not cached and torch.equal(repaired, changed)
+    assert decode_or_load(FolderEntries(folder), 16, cache_dir=cache)[1]  # rewritten whole
+
+    import zipfile
+
+    archive = tmp_path / "imgs.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for p in sorted(folder.rglob("*.png")):
+            z.write(p, p.relative_to(folder).as_posix())
+    lines = []
+    blocked = tmp_path / "a_file"
+    blocked.write_text("x")  # the cache folder would have to be inside a file
+    images, cached = decode_or_load(ZipEntries(archive), 16, cache_dir=blocked, log=lines.append)
+    assert not cached and torch.equal(images, changed) and "could not be cached" in lines[0]
