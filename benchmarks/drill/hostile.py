@@ -91,25 +91,42 @@ def hostile_checkpoint_drill(d: Drill, finished: Path, workers: int = 2) -> None
              hung=hung, outputs=(out, err), exit_status=rc)
 
 
-PLUGIN_CASES = {
-    "a module that does not exist": "no_such_pkg.methods:Mine",
-    "a class the module lacks": "tests.plugins.power_sampler:NoSuchSampler",
-    "not a TimestepSampler": "adaptive.config:TrainConfig",
-    "its constructor raises": "tests.plugins.power_sampler:BrokenPowerSampler",
-    "a module that raises on import": "benchmarks.drill.raising_module:Anything",
+PLUGIN_CASES = {  # case -> (spec, what the line must say)
+    "a module that does not exist": ("no_such_pkg.methods:Mine", "cannot import it (ModuleNotFoundError"),
+    "a class the module lacks": ("tests.plugins.power_sampler:NoSuchSampler", "cannot import it (AttributeError"),
+    "not a TimestepSampler": ("adaptive.config:TrainConfig", "not a TimestepSampler subclass"),
+    "its constructor raises": ("tests.plugins.power_sampler:BrokenPowerSampler",
+                               "building BrokenPowerSampler failed: RuntimeError"),
+    "a module that raises on import": ("benchmarks.drill.raising_module:Anything", "cannot import it (RuntimeError"),
 }
 
 
+def without_method_options(argv: list[str]) -> list[str]:
+    """The drill's run flags without `adaptive`'s own options (another method refuses them, before it is built)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a.startswith("--adaptive_"):
+            skip = "=" not in a
+        else:
+            out.append(a)
+    return out
+
+
 def plugin_drill(d: Drill, workers: int = 2) -> None:
-    """--timestep_sampler pkg.module:Class that cannot be used: exit 2, one line naming the flag, nothing created."""
+    """--timestep_sampler pkg.module:Class that cannot be used: exit 2, one line naming the flag and the cause,
+    nothing created."""
     def run(case: str):
         out_dir = d.work / "plugins" / case.replace(" ", "-")
         shutil.rmtree(out_dir, ignore_errors=True)
-        spec = PLUGIN_CASES[case]
-        rc, out, err, hung = d.cli(["train_accelerate.py", *d.args(out_dir, "--timestep_sampler", spec)])
+        spec, says = PLUGIN_CASES[case]
+        argv = without_method_options(d.args(out_dir, "--timestep_sampler", spec))
+        rc, out, err, hung = d.cli(["train_accelerate.py", *argv])
         line = one_line(err)
         created = out_dir.exists() and [p.name for p in out_dir.iterdir()] not in ([], [".lock"])
-        d.record(PLUGINS, f"{case} ({spec})", clean=rc == 2 and line is not None and spec in line and not created,
+        d.record(PLUGINS, f"{case} ({spec})", clean=rc == 2 and line is not None
+                 and f"--timestep_sampler {spec}: {says}" in line and not created,
                  hung=hung, outputs=(out, err), exit_status=rc, message=line)
 
     with ThreadPoolExecutor(workers) as pool:
