@@ -1,5 +1,6 @@
 """The training loop: `train()` reads top to bottom; `optimizer_step()` is one step; the helpers below each do one
-thing the loop calls by name. Everything the loop works with is built by `adaptive.build.setup`."""
+thing the loop calls by name. Everything the loop works with is built by `adaptive.build.setup`; what it writes at
+its save points is `adaptive/outputs.py`, the divergence guard `adaptive/guard.py`."""
 
 from __future__ import annotations
 
@@ -9,27 +10,23 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
-from PIL import Image
 
 from .build import Run, apply_optimizer_settings, check_buildable, planned_steps, run_fraction, setup
-from .checkpoint import (checkpoint_step, list_checkpoints, load_checkpoint, mark_out_of_range, out_of_range,
-                         read_progress, rotate, save_checkpoint)
+from .checkpoint import load_checkpoint, read_progress
 from .config import ConfigError, TrainConfig
 from .control import StopControl
 from .data import Layout, open_entries
-from .faults import Diverged, writing
-from .image_sampler import generate_distributed, save_grid
-from .losses import per_sample_mse, q_sample, training_target
-from .export import export_pipeline, finished_run
+from .export import finished_run
+from .guard import watch_loss
 from .hub import connect_hub
-from .rundir import artifact, check_output_dir, discard_aside, fresh_start_line
+from .losses import per_sample_mse, q_sample, training_target
+from .outputs import evaluate, finish, save_due
+from .rundir import check_output_dir, fresh_start_line
 from .seeding import generator, seed_for
-from .session import (RANGE_FACTOR, Session, end, main_process_logger, nothing_to_train, restore_replaced_run,
-                      start_session)
+from .session import Session, end, main_process_logger, nothing_to_train, restore_replaced_run, start_session
 from .timesteps.base import DIAGNOSTIC_BINS, Draw, DrawRequest, asked
-from .timesteps.report import log_bins, log_grid, save_heatmap, tracker_values
+from .timesteps.report import log_bins, tracker_values
 
 
 def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
@@ -205,54 +202,10 @@ def finished_checkpoint(cfg: TrainConfig, resume_from: Optional[Path], num_image
     return (progress, why) if why else None
 
 
-def every(step: int, interval: Optional[int]) -> bool:
-    return bool(interval) and step % interval == 0
-
-
-def save_due(run: Run, session: Session, unet, done: bool) -> None:
-    """The saves due after this step (the last one when `done`): sample grid, post-hoc EMA snapshot, checkpoint,
-    export; the weights are checked finite first."""
-    cfg, step = run.cfg, run.progress.step
-    grid_due = every(step, cfg.save_images_steps) and not done
-    snapshot_due = run.phema is not None and every(step, cfg.ema_snapshot_steps)
-    checkpoint_due = every(step, cfg.checkpointing_steps) or done
-    export_due = every(step, cfg.save_model_steps) and not done
-    if grid_due or snapshot_due or checkpoint_due or export_due:
-        check_finite(run, session)
-    if grid_due:
-        preview(run, session, unet)
-    if snapshot_due and run.accelerator.is_main_process:
-        save_snapshots(run)
-    if checkpoint_due:
-        checkpoint(run, session)
-    if export_due:
-        publish(run, session, unet, f"pipeline at step {step}")
-
-
-def finish(run: Run, session: Session, unet) -> None:
-    """The end of a run that was not preempted: the last snapshot, the final grid and export, and (finished in
-    range) the checkpoint limit held exactly."""
-    cfg, acc, step = run.cfg, run.accelerator, run.progress.step
-    if run.phema is not None and acc.is_main_process and not every(step, cfg.ema_snapshot_steps):
-        save_snapshots(run)
-    grid = preview(run, session, unet)
-    publish(run, session, unet, f"final pipeline at step {step}", grid)
-    rotate_checkpoints(run, session, exact=True)
-
-
-def rotate_checkpoints(run: Run, session: Session, exact: bool = False) -> None:
-    """--checkpoints_total_limit (main process), only while the loss is in its running range: beyond the limit the
-    newest checkpoint the loss vouches for is kept (session.LossRange), except at the end of a run (`exact`).
-    save_checkpoint applies the same rule, with the same protection, right after each write."""
-    limit = run.cfg.checkpoints_total_limit
-    if limit and session.loss_range.left_at is None and run.accelerator.is_main_process:
-        rotate(Path(run.cfg.output_dir), limit, None if exact else session.loss_range.protected())
-
-
 def log_statistics(run: Run, session: Session) -> None:
     """Flush the step statistics (one collective, one host sync) and the timestep diagnostics to stats.jsonl, the
-    trackers and the progress bar (or one line per log step when not on a terminal); then stop the run (Diverged,
-    on every rank: the values are reduced) if the loss or the gradient norm was not finite."""
+    trackers and the progress bar (or one line per log step when not on a terminal); then the divergence guard
+    (`guard.watch_loss`)."""
     progress = run.progress
     values = run.stats.flush(run.accelerator)
     values.update(session.report.record(run.timesteps, progress.step))
@@ -271,49 +224,7 @@ def log_statistics(run: Run, session: Session) -> None:
     if session.bar.disable:
         session.log(f"step {progress.step}/{run.max_steps} loss={loss:.4f} img/s={record['img_per_s']:.0f} "
                     f"lr={record['lr']:.2e} train_time={progress.train_seconds:.0f}s")
-    # fp16: the GradScaler skips steps with non-finite gradients itself (and lowers its scale), so only the loss
-    checked = ("loss",) if run.accelerator.scaler is not None else ("loss", "grad_norm")
-    bad = [f"{k} = {values[k]}" for k in checked if k in values and not math.isfinite(values[k])]
-    first, session.logged_step = session.logged_step + 1, progress.step
-    median = session.loss_range.observe(progress.step, loss) if "loss" in values else None
-    if median is not None and run.accelerator.is_main_process:  # just left: `latest` skips what it does not vouch for
-        lr_ = session.loss_range
-        marked = mark_out_of_range(Path(run.cfg.output_dir), lr_.vouched_step, progress.step, lr_.resumed_at)
-        if marked:
-            session.log(f"marked {', '.join(marked)} (taken after the last in-range log step): `latest` skips them")
-    if median is not None and not bad:
-        session.log(f"warning: the loss left its running range at step {progress.step} ({loss:.3g}, over "
-                    f"{RANGE_FACTOR:g}x the median {median:.3g} of the previous log steps): the newest checkpoint at "
-                    f"or before step {session.loss_range.vouched_step} is kept from rotation until it returns")
-    else:
-        rotate_checkpoints(run, session)
-    if bad:
-        window = f" (mean over steps {first}-{progress.step})" if first < progress.step else ""
-        raise diverged(run, session, f"{' and '.join(bad)} at step {progress.step}{window}")
-
-
-def check_finite(run: Run, session: Session) -> None:
-    """Before anything is written from the weights (grid, snapshot, checkpoint, export): Diverged if one is not
-    finite (every rank: the weights are identical). Sync point: once per write, not per step."""
-    finite = torch.stack([torch.isfinite(p).all() for p in run.unet.parameters()]).all()
-    if not finite.item():
-        raise diverged(run, session, f"non-finite weights after step {run.progress.step}")
-
-
-def diverged(run: Run, session: Session, what: str) -> Diverged:
-    """The one-line fault, naming the checkpoint to resume from: the newest, or while the loss is out of its running
-    range the newest before it left it (else the newest written while it was in range: what `latest` resumes)."""
-    protect = session.loss_range.protected() if session.loss_range.left_at is not None else None
-    every_one = list_checkpoints(Path(run.cfg.output_dir))
-    healthy = [p for p in every_one if out_of_range(p) is None]
-    before = [p for p in healthy if protect is None or checkpoint_step(p) <= protect][-1:]
-    which = "the newest checkpoint" if protect is None else "the newest checkpoint before the loss left its range"
-    if not before and healthy:
-        before, which = healthy[-1:], "the newest checkpoint written while the loss was in its range (`latest`)"
-    after = " (every checkpoint was taken after the loss left its range)" if every_one else ""
-    return Diverged(f"training diverged: {what}; nothing was saved from non-finite weights; "
-                    + (f"resume from {before[0].name}, {which}, " if before else f"restart{after} ")
-                    + "with a lower --learning_rate or gradient clipping (--max_grad_norm)")
+    watch_loss(run, session, values, loss)
 
 
 def window_rate(session: Session, progress) -> float:
@@ -321,71 +232,3 @@ def window_rate(session: Session, progress) -> float:
     t0, images0 = session.window
     return (progress.images_seen - images0) / max(progress.train_seconds - t0, 1e-9)
 
-
-def evaluate(run: Run, session: Session, unet) -> None:
-    """FID / proxy FD of `unet` (every rank samples; the main process scores and records)."""
-    progress = run.progress
-    metrics = session.evaluator(unet, run.noise_scheduler.config)
-    if not metrics:
-        return
-    record = {"step": progress.step, "images": progress.images_seen, "train_seconds": round(progress.train_seconds, 3),
-              **metrics}
-    session.stats_file.write(record)  # everything, bookkeeping included (images, steps, seconds)
-    metric = session.evaluator.featnet.metric
-    run.accelerator.log({f"eval/{metric}": metrics[metric]}, step=progress.step)  # the trackers plot the score only
-    session.last_metrics = record
-    session.log(f"eval at step {progress.step}: {metric}={metrics[metric]:.4f} ({metrics['eval_images']} images, "
-                f"{metrics['eval_seconds']}s)")
-
-
-def preview(run: Run, session: Session, unet) -> Optional[Path]:
-    """EMA sample grid from fixed seeds 0..N-1 (comparable over time; all ranks share the sampling) and the p(t)
-    heat-map; returns the grid's path on the main process."""
-    cfg = run.cfg
-    images = generate_distributed(run.accelerator, unet, run.noise_scheduler.config, list(range(cfg.num_grid_images)),
-                                  cfg.ddpm_num_inference_steps, batch_size=max(1, min(256, cfg.num_grid_images)))
-    if not run.accelerator.is_main_process:
-        return None
-    out = Path(cfg.output_dir)
-    with writing(f"the sample grid of step {run.progress.step}", out, "checkpoints are unaffected"):
-        save_heatmap(artifact(out, "stats"), artifact(out, "heatmap"), cfg.ddpm_num_steps,
-                     f"p(t) over training - {run.timesteps.name}")
-        path = save_grid(images, artifact(out, "samples") / f"grid_{run.progress.step:07d}.png")
-    log_grid(run.accelerator, np.asarray(Image.open(path)), run.progress.step)
-    return path
-
-
-def save_snapshots(run: Run) -> None:
-    """Post-hoc EMA snapshots (main process)."""
-    out = Path(run.cfg.output_dir)
-    with writing(f"the post-hoc EMA snapshots of step {run.progress.step}", out, "checkpoints are unaffected"):
-        run.phema.save_snapshots(artifact(out, "ema_snapshots"))
-
-
-def checkpoint(run: Run, session: Session) -> None:
-    """checkpoint-<step> (every rank; its time counts as training time, unlike evaluation and previews: a
-    budget or a wall-clock comparison pays for it); pushed too with --push_checkpoints."""
-    t0 = time.perf_counter()
-    path = save_checkpoint(run.accelerator, Path(run.cfg.output_dir), run.progress.step, run.cfg.to_dict(),
-                           run.cfg.checkpoints_total_limit, protect=session.loss_range.protected(),
-                           left_range_at=session.loss_range.left_at)
-    run.progress.train_seconds += time.perf_counter() - t0
-    session.last_checkpoint = run.progress.step
-    session.log(f"saved {path}" + ("" if session.loss_range.left_at is None else
-                                   " (the loss is out of its running range: marked, so `latest` skips it)"))
-    if session.replacing:  # the new run has a checkpoint: the run it replaces can go
-        if run.accelerator.is_main_process:
-            discard_aside(Path(run.cfg.output_dir))
-        session.replacing = False
-    if session.uploader is not None and run.cfg.push_checkpoints:
-        session.uploader.push(Path(run.cfg.output_dir), f"checkpoint at step {run.progress.step}")
-
-
-def publish(run: Run, session: Session, unet, message: str, grid: Optional[Path] = None) -> None:
-    """Export the DDPMPipeline of `unet` with its model card (main process) and queue its upload."""
-    if not run.accelerator.is_main_process:
-        return
-    export_pipeline(run.cfg, unet, run.noise_scheduler, run.progress, {**session.info, "grid": grid},
-                    session.last_metrics)
-    if session.uploader is not None:
-        session.uploader.push(Path(run.cfg.output_dir), message)
