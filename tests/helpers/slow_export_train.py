@@ -10,11 +10,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import adaptive.loop as loop  # noqa: E402
+import adaptive.outputs as outputs  # noqa: E402  (where the loop's exports are called)
 import train_accelerate  # noqa: E402
 
 pause = float(sys.argv[1])
-export_pipeline = loop.export_pipeline
+export_pipeline = outputs.export_pipeline
 
 
 def slow_export_pipeline(*args, **kwargs):
@@ -23,5 +23,5 @@ def slow_export_pipeline(*args, **kwargs):
     export_pipeline(*args, **kwargs)
 
 
-loop.export_pipeline = slow_export_pipeline
+outputs.export_pipeline = slow_export_pipeline
 sys.exit(train_accelerate.main(sys.argv[2:]))
