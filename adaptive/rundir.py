@@ -131,8 +131,8 @@ def check_output_dir(cfg: TrainConfig, log) -> Optional[Path]:
         bad = incompatible_keys(saved, cfg.to_dict())
         if bad:
             raise ConfigError(
-                f"{saved_cfg_file.parent} was trained with a different model/objective, says its {saved_cfg_file.name} "
-                f"({describe_changes(saved, cfg.to_dict(), bad)}); "
+                f"{saved_cfg_file.parent} was trained with a different model/objective "
+                f"({describe_changes(saved, cfg.to_dict(), bad)}), says its {saved_cfg_file.name}; "
                 "use another --output_dir or --overwrite_output_dir"
             )
         changed = [k for k in changed_keys(saved, cfg.to_dict())
