@@ -159,6 +159,7 @@ def test_trackers_get_the_plotted_scalars_the_sample_grids_and_timestep_bins_onl
         acc = EventAccumulator(str(run / "logs" / "adaptive-diffusion")).Reload()  # logging_dir / project name
         scalars, images = set(acc.Tags()["scalars"]), set(acc.Tags()["images"])
         assert [e.step for e in acc.Images("samples")] == [2, 4] if "samples" in images else False
+        tags.histograms = set(acc.Tags()["histograms"])
         return scalars, images
 
     feat = write_pooled_features(tmp_path / "feat.pt")
@@ -170,7 +171,9 @@ def test_trackers_get_the_plotted_scalars_the_sample_grids_and_timestep_bins_onl
     evals = [json.loads(line) for line in (tmp_path / "uniform" / "stats.jsonl").read_text().splitlines()
              if "proxy_fd" in line]
     assert evals[0]["eval_images"] == 4 and evals[0]["eval_inference_steps"] == 2 and "eval_seconds" in evals[0]
+    assert not tags.histograms
     scalars, _ = tags("adaptive", "--timestep_sampler", "adaptive", "--adaptive_warmup_steps", "1")
-    assert {"timesteps/p_by_t_0", "timesteps/loss_scale", "timesteps/p_entropy"} <= scalars
+    assert {"timesteps/loss_scale", "timesteps/p_entropy"} <= scalars  # per-bin lists: one histogram each (issue 56)
+    assert "timesteps/p_by_t" in tags.histograms and not any(t.endswith("_0") for t in scalars)
     scalars, _ = tags("asked", "--log_timestep_bins")
-    assert "timesteps/loss_by_t_0" in scalars and "timesteps/p_ess" in scalars
+    assert "timesteps/loss_by_t" in tags.histograms and "timesteps/p_ess" in scalars
