@@ -860,3 +860,14 @@ def test_error_spectrum_bands_split_the_power_exactly():
         wave = torch.cos(2 * torch.pi * torch.arange(s) / s).expand(1, 1, s, s)
         p = band_power(wave, radial_band(s))
         assert float(p[BAND_NAMES.index("1")]) == pytest.approx(0.5, rel=1e-6) and float(p.sum()) == pytest.approx(0.5)
+
+
+def test_a_tables_model_record_ignores_the_method_options_its_runs_were_given():
+    """results.json's model (PROTOCOL.md v4) from `-- --adaptive_balance 0 ...`: the method's options change no model,
+    and the default method would refuse them (the balance-free development table crashed in its report on that)."""
+    from bench.provenance import model_of, without_method_options
+
+    extra = ["--mixed_precision", "no", "--adaptive_balance", "0", "--adaptive_balance_final=0", "--norm_num_groups",
+             "4"]
+    assert without_method_options(extra) == ["--mixed_precision", "no", "--norm_num_groups", "4"]
+    assert model_of("cpu-tiny16", extra)["norm_num_groups"] == 4

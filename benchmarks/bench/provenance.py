@@ -87,6 +87,23 @@ def versions() -> dict:
             "accelerate": accelerate.__version__}
 
 
+def without_method_options(extra: list[str]) -> list[str]:
+    """`extra` without the options of a timestep method (`--adaptive_balance 0`, `--snr_gamma=5`): they do not
+    change the model, and the default method would refuse them."""
+    from adaptive.timesteps.registry import owner_of
+
+    out, skip = [], False
+    for a in extra:
+        name = a[2:].split("=", 1)[0] if a.startswith("--") else None
+        if skip:
+            skip = False
+        elif name is not None and owner_of(name) is not None:
+            skip = "=" not in a
+        else:
+            out.append(a)
+    return out
+
+
 def model_of(preset: str, extra: list[str]) -> dict:
     """The model a table's runs train (PROTOCOL.md v4: every results.json names it): the preset with the runs' extra
     flags applied -> block_out_channels, layers_per_block, norm_num_groups, channels per group at the narrowest
@@ -94,7 +111,7 @@ def model_of(preset: str, extra: list[str]) -> dict:
     from adaptive.config import OneLineParser, add_config_arguments, resolve_config
     from adaptive.model import build_unet, count_parameters
 
-    argv = ["--preset", preset, *extra]
+    argv = ["--preset", preset, *without_method_options(extra)]
     parser = OneLineParser(prog="model_of")
     add_config_arguments(parser, argv)
     args, _ = parser.parse_known_args(argv)
