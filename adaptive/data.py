@@ -27,8 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import decoded_cache
 from .config import ConfigError, TrainConfig
 from .hub_wait import hub_wait
+from .progress import progress
 from .seeding import seed_for
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm")
@@ -128,9 +130,7 @@ class ZipEntries(ImageEntries):
         return self.names[i]
 
     def content_key(self):
-        from .decoded_cache import file_sha256
-
-        return f"zip:{file_sha256(self.path)}"
+        return f"zip:{decoded_cache.file_sha256(self.path)}"
 
     def open(self, i):
         if self._zip is None:
@@ -305,22 +305,19 @@ def decode_or_load(entries: ImageEntries, resolution: int, limit: Optional[int] 
                    label: Optional[str] = None, cache_dir: Optional[Path] = None,
                    log: Callable[[str], None] = print) -> tuple[torch.Tensor, bool]:
     """decode_all, and whether the images came from the decoded cache."""
-    from . import decoded_cache
-    from .progress import progress
-
     n = len(entries) if limit is None else min(limit, len(entries))
     key = entries.content_key() if cache_dir is not None and n else None
     path = decoded_cache.cache_path(cache_dir, key, resolution, n) if key else None
     cached = decoded_cache.load(path, n) if path else None
     if cached is not None:
         return cached, True
-    images = _decode(entries, resolution, n, threads, label, progress)
+    images = _decode(entries, resolution, n, threads, label)
     if path is not None:
         decoded_cache.save(path, images, log)
     return images, False
 
 
-def _decode(entries: ImageEntries, resolution: int, n: int, threads: int, label: Optional[str], progress):
+def _decode(entries: ImageEntries, resolution: int, n: int, threads: int, label: Optional[str]):
     """decode_all without its cache."""
     if n == 0:
         raise ConfigError(f"no images in {entries.description}")

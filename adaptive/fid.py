@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError
+from .progress import progress
 
 INCEPTION = "inception"
 INCEPTION_FILE = "/tmp/inception-2015-12-05.pt"  # where clean-fid looks for (and downloads) its Inception weights
@@ -120,8 +121,6 @@ class FeatureNet:
     @torch.no_grad()
     def __call__(self, images: torch.Tensor | np.ndarray, desc: Optional[str] = None) -> np.ndarray:
         """`desc`: show progress under that name (adaptive/progress.py)."""
-        from .progress import progress
-
         imgs = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images
         out = []
         bar = progress(len(imgs), desc or "", "img", enabled=desc is not None)
