@@ -17,13 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+from .fid import file_sha256  # noqa: F401  (ImageEntries.content_key of a zip: the project's one file hash)
 
 
 def cache_path(cache_dir: Path, key: str, resolution: int, n: int) -> Path:
