@@ -4,7 +4,7 @@ Exit status of train_accelerate.py: 0 done or stopped by a signal / the budget (
 (nothing touched), 3 the final Hub upload failed (adaptive/hub.py), 4 training diverged (a non-finite loss, gradient
 norm or weights; nothing saved from them), 5 the disk is full (the partial write removed, the previous checkpoint
 intact), 6 this rank lost a peer (it ended, or stopped for longer than --ddp_timeout_minutes), 7 a launch that did not
-form one process group; 128 + the signal number: stopped during a Hub download (adaptive/hub_wait.py), nothing
+form one process group or asked for GPUs on a host without one; 128 + the signal number: stopped during a Hub download (adaptive/hub_wait.py), nothing
 written. Every rank raises the same fault at the same point (`agree`), and only the launcher's rank 0
 prints it; a lost peer is reported by the rank that saw it.
 """
@@ -12,11 +12,13 @@ prints it; a lost peer is reported by the rank that saw it.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
@@ -25,7 +27,7 @@ from .config import ConfigError
 
 
 class LaunchError(ConfigError):
-    """The launched processes did not join one process group."""
+    """The launched processes did not join one process group, or were launched for GPUs the host does not have."""
 
     exit_code = 7
 
@@ -56,6 +58,9 @@ class Interrupted(ConfigError):
         self.exit_code = 128 + int(signum)
 
 
+LATER_RANKS_EXIT_AFTER_S = 2.0  # a failing launch: the other ranks end this much after rank 0 has printed its line
+
+
 def run_cli(prog: str, body: Callable[[], int]) -> int:
     """Runs a command-line tool: a ConfigError (bad input or a fault above) is one line `<prog>: error: ...` on
     stderr and its exit code, said once by the launcher's rank 0 (every rank raises the same)."""
@@ -64,7 +69,39 @@ def run_cli(prog: str, body: Callable[[], int]) -> int:
     except ConfigError as e:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"{prog}: error: {e}", file=sys.stderr)
+        tell_launcher(f"{prog}: error: {e}")
+        if int(os.environ.get("RANK", "0")) != 0:  # rank 0 says it: torchrun would kill it when the first rank ends
+            time.sleep(LATER_RANKS_EXIT_AFTER_S)
         return e.exit_code
+
+
+def tell_launcher(line: str) -> None:
+    """Under torchrun (`accelerate launch` with several processes) the one-line error becomes this rank's entry in
+    the launcher's failure summary (its TORCHELASTIC_ERROR_FILE), instead of "To enable traceback see: ..."."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": line, "timestamp": int(time.time())}, f)
+    except OSError:  # the summary is a courtesy: the line itself is already on stderr
+        pass
+
+
+def check_launch() -> None:
+    """LaunchError (one line) when `accelerate launch` started several processes for GPUs (a MULTI_GPU, FSDP or
+    multi-node config, ACCELERATE_USE_CPU unset) on a host where torch sees no GPU: every rank stops before it
+    decodes data or builds a model, instead of N CPU processes each training a copy."""
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched <= 1 or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes", "y", "on"):
+        return
+    import torch
+
+    if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        return
+    raise LaunchError(f"the accelerate config launched {launched} processes for GPUs, but torch sees no GPU on this "
+                      "host; on CPUs: ACCELERATE_USE_CPU=1 accelerate launch --config_file "
+                      "accelerate_configs/cpu_2proc.yaml ..., or one process: python train_accelerate.py ...")
 
 
 def check_output_path(path: Path, flag: str, folder: bool = True) -> None:

@@ -18,6 +18,7 @@ from .config import ConfigError, TrainConfig
 from .control import StopControl
 from .data import Layout, open_entries
 from .export import finished_run
+from .faults import check_launch
 from .guard import watch_loss
 from .hub import connect_hub
 from .losses import per_sample_mse, q_sample, training_target
@@ -101,9 +102,10 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
     log = main_process_logger()
     control = control or StopControl()
 
-    # Check the model flags, the output folder, the data source and (main process) the Hub token and repo before
+    # Check the launch (GPUs asked for and present), the model flags, the output folder, the data source and (main process) the Hub token and repo before
     # anything starts (bad input: one line, nothing touched; a replaced run is cleared only right before training,
     # in start_session).
+    check_launch()
     check_buildable(cfg)
     resume_from = check_output_dir(cfg, log)
     entries = open_entries(cfg)

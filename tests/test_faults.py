@@ -785,6 +785,35 @@ def test_30_3_an_allocation_failure_is_one_line_exit_2(capsys, monkeypatch):
     assert "Traceback" not in err and line.startswith("train_accelerate.py: error: ")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host where torch sees no GPU")
+def test_56_a_gpu_launch_on_a_host_without_gpus_stops_every_rank_before_data_with_one_line(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """Issue 56: an 8-GPU accelerate config on a CPU host spawned 8 processes that each decoded the data and buried
+    the useful line in ~90 lines of launcher output. Each rank now stops first (exit 7, nothing decoded or written),
+    and torchrun's own failure summary (read by torch's parser) shows the same line instead of 'To enable traceback'."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    import adaptive.loop
+
+    def no_data(cfg):
+        raise AssertionError("the data source was opened")
+
+    monkeypatch.setattr(adaptive.loop, "open_entries", no_data)
+    error_file = tmp_path / "error.json"
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    out = tmp_path / "run"
+    code, err = cli(["--preset", "cpu-tiny16", "--output_dir", str(out)], capsys)
+    assert code == 7, err
+    line = one_line_error(err, 7, "launched 8 processes for GPUs, but torch sees no GPU")
+    assert "cpu_2proc.yaml" in line and not out.exists()
+    assert ProcessFailure(local_rank=0, pid=1, exitcode=7, error_file=str(error_file)).message == line
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # the CPU config's launch passes the check (and reaches the data)
+    with pytest.raises(AssertionError, match="data source was opened"):
+        cli(["--preset", "cpu-tiny16", "--output_dir", str(out)], capsys)
+
+
 # ---------------------------------------------------------------------------------------------- issue 30: Hub waits
 
 
@@ -1037,13 +1066,15 @@ def test_14_a_cpu_launch_without_accelerate_use_cpu_says_so_once_first(tmp_path,
                           env={**env, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
                           timeout=600)
     err = proc.stderr
-    message = "processes were launched but they did not join one process group"
-    assert proc.returncode != 0 and err.count(message) == 1, err[-4000:]
+    message = "launched 2 processes for GPUs, but torch sees no GPU on this host"  # checked first since issue 56
+    said = [line for line in err.splitlines() if line.startswith("train_accelerate.py: error: ")]
+    assert proc.returncode != 0 and len(said) == 1 and message in said[0], err[-4000:]  # rank 0, once
+    assert "ACCELERATE_USE_CPU=1 accelerate launch --config_file accelerate_configs/cpu_2proc.yaml" in said[0]
     first = err.index(message)
     assert first < err.find("Traceback") if "Traceback" in err else True
     ours = err[err.rfind("\n", 0, first) + 1:err.find("\n", first)]
     assert ours.startswith("train_accelerate.py: error: ") and ours.count("error:") == 1  # whole, on its own line
-    assert "exitcode  : 7" in err  # the distinct status, in torchrun's report
+    assert "exitcode  : 7" in err and f"traceback : {said[0]}" in err  # the status and the line, in torchrun's report
     assert not (tmp_path / "run").exists()
 
 
