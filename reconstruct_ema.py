@@ -16,6 +16,7 @@ from pathlib import Path
 from adaptive.config import ConfigError, OneLineParser, TrainConfig
 from adaptive.faults import check_output_path, run_cli
 from adaptive.model_card import write_model_card
+from adaptive.progress import progress as progress_bar
 
 
 def parse_args(argv=None):
@@ -66,8 +67,10 @@ def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path, extrapola
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"--run_dir {run_dir}: config.json is not a run's config ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    used = [s for s in snaps if s["step"] <= (at_step or max(s["step"] for s in snaps))]  # what reconstruct combines
     try:
-        state, coef = reconstruct(snaps, sigma_rel, at_step)
+        with progress_bar(len(used), f"reconstruct_ema.py: sigma_rel {sigma_rel:g}: snapshots", unit="snapshot") as bar:
+            state, coef = reconstruct(snaps, sigma_rel, at_step, on_loaded=lambda: bar.update(1))
         unet = build_unet(cfg)
         unet.load_state_dict(state)
     except Exception as e:  # safetensors, torch and numpy raise many types for a damaged or foreign snapshot
@@ -78,7 +81,6 @@ def export(run_dir: Path, sigma_rel: float, at_step, output_dir: Path, extrapola
             "coefficients": [float(c) for c in coef]}
     (output_dir / "phema.json").write_text(json.dumps(info, indent=2))
     run = run_info(run_dir)
-    used = [s for s in snaps if s["step"] <= info["at_step"]]  # those phema.reconstruct combines
     progress = Progress(step=info["at_step"], images_seen=info["at_step"] * run.get("global_batch", 0),
                         train_seconds=None)  # the run's clock at that step is not recorded
     write_model_card(output_dir, cfg, progress, run, posthoc={"sigma_rel": sigma_rel, "at_step": info["at_step"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -109,8 +109,10 @@ def list_snapshots(folder: Path) -> list[dict]:
     return sorted(out, key=lambda d: (d["step"], d["sigma_rel"]))
 
 
-def reconstruct(snapshots: list[dict], sigma_rel: float, at_step: int | None = None) -> tuple[dict, np.ndarray]:
-    """State dict of the EMA with `sigma_rel` at `at_step` (default: the last snapshot), and the coefficients."""
+def reconstruct(snapshots: list[dict], sigma_rel: float, at_step: int | None = None,
+                on_loaded: Callable[[], object] = lambda: None) -> tuple[dict, np.ndarray]:
+    """State dict of the EMA with `sigma_rel` at `at_step` (default: the last snapshot), and the coefficients;
+    `on_loaded` is called after each snapshot is added (a progress bar's update)."""
     from safetensors.torch import load_file
 
     if not snapshots:
@@ -125,4 +127,5 @@ def reconstruct(snapshots: list[dict], sigma_rel: float, at_step: int | None = N
         for k, v in sd.items():
             acc = out.get(k)
             out[k] = v.double() * float(c) if acc is None else acc + v.double() * float(c)
+        on_loaded()
     return {k: v.float() for k, v in out.items()}, coef

@@ -59,7 +59,7 @@ def test_power_ema_first_update_copies():
 
 
 @pytest.mark.slow
-def test_training_snapshots_and_reconstruct_ema_cli(tmp_path, image_folder):
+def test_training_snapshots_and_reconstruct_ema_cli(tmp_path, image_folder, monkeypatch, capsys):
     from diffusers import DDPMPipeline
 
     run = tmp_path / "run"
@@ -84,5 +84,10 @@ def test_training_snapshots_and_reconstruct_ema_cli(tmp_path, image_folder):
     scope: dict = {}
     exec(snippet, scope)  # loads the reconstructed folder itself
     assert len(scope["images"]) == 16
+    monkeypatch.setattr("adaptive.progress.DELAY_S", 0.0)  # issue 56: combining snapshots shows its progress
+    import reconstruct_ema
+
+    assert reconstruct_ema.main(["--run_dir", str(run), "--sigma_rel", "0.09", "--output_dir", str(tmp_path / "p9")]) == 0
+    assert "reconstruct_ema.py: sigma_rel 0.09: snapshots: 6/6 snapshot (100%)" in capsys.readouterr().out
     bad = run_cli("reconstruct_ema.py", ["--run_dir", str(tmp_path), "--sigma_rel", "0.08"], check=False)
     assert bad.returncode == 2 and "has no config.json" in bad.stderr
