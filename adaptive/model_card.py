@@ -128,13 +128,12 @@ def build_model_card(folder: Path, cfg, progress, info: dict, metrics: Optional[
     a usage snippet that loads `repo_id` when the pipeline is pushed, else the folder's absolute path (it works from
     any directory), the key settings and latest metrics in a short table, the full config folded (<details>).
     `posthoc`: {'sigma_rel', 'at_step', 'snapshots'} for a post-hoc EMA reconstruction (reconstruct_ema.py)."""
+    from diffusers.utils.hub_utils import populate_model_card
     from huggingface_hub import ModelCard, ModelCardData
 
     folder = Path(folder)
     datasets = training_data(cfg)[1]
-    data = ModelCardData(library_name="diffusers", pipeline_tag="unconditional-image-generation",
-                         tags=[*TAGS, f"timestep-sampler-{cfg.timestep_sampler}".replace("_", "-")],
-                         **({"datasets": datasets} if datasets else {}),
+    data = ModelCardData(pipeline_tag="unconditional-image-generation", **({"datasets": datasets} if datasets else {}),
                          **({"license": cfg.license} if getattr(cfg, "license", None) else {}))
     steps, total = cfg.ddpm_num_inference_steps, cfg.ddpm_num_steps
     how = "the full DDPM chain" if steps == total else f"DDPM ancestral, {steps} of {total} steps, as the sample grids"
@@ -165,7 +164,10 @@ def build_model_card(folder: Path, cfg, progress, info: dict, metrics: Optional[
     config = json.dumps(public_config(cfg.to_dict(), folder), indent=2, sort_keys=True)
     body += ["", "<details>", "<summary>Full training configuration (config.json, local paths redacted)</summary>", "",
              "```json", config, "```", "", "</details>", ""]
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body))
+    card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body))
+    # diffusers' own helper sets library_name and the tags (its load_or_create_model_card template is not used: it
+    # adds three "TODO" sections - snippet, limitations, training data - that this card fills; docs/training.md)
+    return populate_model_card(card, tags=[*TAGS, f"timestep-sampler-{cfg.timestep_sampler}".replace("_", "-")])
 
 
 def write_model_card(folder: Path, cfg, progress, info: dict, metrics: Optional[dict] = None,
