@@ -24,6 +24,7 @@ from .model import build_noise_scheduler, build_unet
 from .phema import PowerEMAs
 from .rundir import lock_output_dir
 from .seeding import seed_for
+from .trackers import check_installed
 from .stats import Stats
 from .timesteps import build_sampler
 from .timesteps.base import TimestepSampler
@@ -70,11 +71,7 @@ def make_accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
 
-    if cfg.logger == "wandb":
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise ConfigError("--logger wandb needs the wandb package (pip install wandb)") from None
+    check_installed(cfg.logger)
     accelerator = Accelerator(
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         mixed_precision=cfg.mixed_precision,

@@ -27,7 +27,7 @@ from .rundir import check_output_dir, fresh_start_line
 from .seeding import generator, seed_for
 from .session import Session, end, main_process_logger, nothing_to_train, restore_replaced_run, start_session
 from .timesteps.base import DIAGNOSTIC_BINS, Draw, DrawRequest, asked
-from .timesteps.report import log_bins, tracker_values
+from .trackers import log_step
 
 
 def optimizer_step(run: Run, step: int, micro_batches: list[torch.Tensor]):
@@ -216,10 +216,8 @@ def log_statistics(run: Run, session: Session) -> None:
               "img_per_s": window_rate(session, progress), **values}
     session.window = (progress.train_seconds, progress.images_seen)
     session.stats_file.write(record)
-    bins = run.cfg.log_timestep_bins or run.timesteps.tracks_by_default
-    run.accelerator.log(tracker_values(record, bins), step=progress.step)
-    if bins and run.accelerator.is_main_process:
-        log_bins(run.accelerator, record, progress.step, run.cfg.ddpm_num_steps)
+    log_step(run.accelerator, record, progress.step, run.cfg.log_timestep_bins or run.timesteps.tracks_by_default,
+             run.cfg.ddpm_num_steps)
     loss = values.get("loss", math.nan)
     session.bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{record['img_per_s']:.0f}", lr=f"{record['lr']:.2e}",
                             refresh=False)

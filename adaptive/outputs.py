@@ -18,7 +18,8 @@ from .guard import check_finite, rotate_checkpoints
 from .image_sampler import generate_distributed, save_grid
 from .rundir import artifact, discard_aside
 from .session import Session
-from .timesteps.report import log_grid, save_heatmap
+from .timesteps.report import save_heatmap
+from .trackers import log_grid, log_score
 
 
 def every(step: int, interval: Optional[int]) -> bool:
@@ -66,7 +67,7 @@ def evaluate(run: Run, session: Session, unet) -> None:
               **metrics}
     session.stats_file.write(record)  # everything, bookkeeping included (images, steps, seconds)
     metric = session.evaluator.featnet.metric
-    run.accelerator.log({f"eval/{metric}": metrics[metric]}, step=progress.step)  # the trackers plot the score only
+    log_score(run.accelerator, metric, metrics[metric], progress.step)
     session.last_metrics = record
     session.log(f"eval at step {progress.step}: {metric}={metrics[metric]:.4f} ({metrics['eval_images']} images, "
                 f"{metrics['eval_seconds']}s)")

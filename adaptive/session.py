@@ -22,8 +22,9 @@ from .export import card_for_repo
 from .hub import HubUploader, finish_uploads
 from .model import count_parameters
 from .rundir import artifact, lock_output_dir, prepare_for_training, restore_aside, run_info, write_run_records
-from .stats import JsonlWriter, tracker_config
+from .stats import JsonlWriter
 from .timesteps.report import TimestepReport
+from .trackers import open_trackers
 
 if TYPE_CHECKING:  # for the annotations only; the code imports it where it uses it
     from tqdm.auto import tqdm
@@ -164,10 +165,7 @@ def start_session(run: Run, resume_from: Optional[Path], log, control: StopContr
         info["hub_repo_id"] = uploader.repo_id  # the model card's usage snippet loads it
     if is_main:
         write_run_records(out, cfg, info, run.timesteps.describe())
-    # resumed: TensorBoard hides the events a previous process logged after this step (a later branch, or the steps
-    # after the last checkpoint of a killed run), so no chart holds a step twice (SummaryWriter's purge_step)
-    acc.init_trackers(cfg.tracker_project_name, config=tracker_config(cfg),
-                      init_kwargs={"tensorboard": {"purge_step": progress.step + 1}} if resume_from is not None else {})
+    open_trackers(acc, cfg, resumed_at=progress.step if resume_from is not None else None)
     log(f"world_size={acc.num_processes} device={acc.device} mixed_precision={acc.mixed_precision} "
         f"params={num_params:,} global_batch={run.layout.global_batch} (= {cfg.train_batch_size} per device x "
         f"{acc.num_processes} processes x {cfg.gradient_accumulation_steps} accumulation) steps={run.max_steps} "

@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from .faults import writing
-from .model_card import public_config
 
 
 class Stats:
@@ -106,10 +105,3 @@ class JsonlWriter:
             tmp.write_text("".join(l + "\n" for l in keep))
         tmp.replace(self.path)
         return dropped
-
-
-def tracker_config(cfg) -> dict:
-    """Flat scalar config for trackers (TensorBoard hparams accept int/float/str/bool only); no secrets, and local
-    paths redacted as in the published config (`model_card.public_config`): the logs go to the Hub with the model."""
-    public = public_config(cfg.to_dict(), Path(cfg.output_dir))
-    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in public.items()}

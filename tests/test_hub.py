@@ -278,7 +278,7 @@ def test_56_the_tracker_logs_go_up_with_the_model_and_never_with_local_paths(tmp
     checkpoint, stats.jsonl and run_info.json are not. The trackers' config holds no local path."""
     from adaptive.config import PRESETS, TrainConfig, replace
     from adaptive.hub import commit_files, logs_inside
-    from adaptive.stats import tracker_config
+    from adaptive.trackers import tracker_config
 
     logs = "logs/ddpm/events.out.tfevents.1.host"
     assert logs in commit_files(run_folder, False, logs="logs") and logs not in commit_files(run_folder, False)

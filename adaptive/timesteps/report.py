@@ -1,5 +1,5 @@
-"""What the user sees of the timestep sampler: its diagnostics as logged numbers, tracker scalars and histograms, and
-the p(t) heat-map.
+"""What the user sees of the timestep sampler: its diagnostics as logged numbers and the p(t) heat-map (what goes to
+the trackers is adaptive/trackers.py's).
 
 Once per log step `TimestepReport.record(sampler, step)` turns `sampler.diagnostics()` into plain numbers with one
 host sync, p(t) in HEATMAP_BINS bins among them (`p_heatmap`), all of which go to stats.jsonl; `save_heatmap` draws
@@ -62,61 +62,6 @@ def save_heatmap(stats_path: Path, path: Path, num_timesteps: int, title: str) -
     if not rows or len({len(p) for _, p in rows}) != 1:
         return None
     return save_p_heatmap([s for s, _ in rows], [p for _, p in rows], num_timesteps, path, title=title)
-
-
-TRACKED = ("loss", "lr", "grad_norm", "img_per_s")  # the per-step scalars people plot
-
-
-def tracker_values(record: dict, timestep_bins: bool) -> dict:
-    """Tracker scalars of a log record: loss, lr, grad_norm, img_per_s; with `timestep_bins` also the timestep
-    diagnostics' scalars under timesteps/ (the per-bin lists go as one histogram each: `log_bins`). stats.jsonl keeps
-    everything."""
-    out = {k: record[k] for k in TRACKED if isinstance(record.get(k), (int, float))}
-    if timestep_bins:
-        for k, v in record.items():
-            if k in TRACKED or k in ("step", "images", "train_seconds", "world_size"):
-                continue
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[f"timesteps/{k}"] = v
-    return out
-
-
-def bin_lists(record: dict) -> dict[str, list[float]]:
-    """The per-timestep-bin diagnostics of a log record (loss_by_t, p_by_t, ...; p_heatmap is the heat-map's), a bin
-    not measured yet (None) as 0."""
-    return {k: [0.0 if x is None else x for x in v] for k, v in record.items()
-            if isinstance(v, list) and k != "p_heatmap" and v and all(x is None or isinstance(x, (int, float)) for x in v)}
-
-
-def log_bins(accelerator, record: dict, step: int, num_timesteps: int) -> None:
-    """Each per-bin diagnostic as one histogram over t per log step (x = timestep, height = the bin's value), to the
-    trackers that draw histograms (TensorBoard, W&B), instead of one scalar chart per bin."""
-    lists = bin_lists(record)
-    if not lists:
-        return
-    for tracker in accelerator.trackers:
-        for name, values in lists.items():
-            v = np.asarray(values, dtype=np.float64)
-            edges = np.linspace(0, num_timesteps, len(v) + 1)
-            if tracker.name == "tensorboard":
-                centres = (edges[:-1] + edges[1:]) / 2
-                tracker.writer.add_histogram_raw(
-                    f"timesteps/{name}", min=0.0, max=float(num_timesteps), num=float(v.sum()),
-                    sum=float((v * centres).sum()), sum_squares=float((v * centres**2).sum()),
-                    bucket_limits=edges[1:].tolist(), bucket_counts=v.tolist(), global_step=step)
-            elif tracker.name == "wandb":
-                import wandb
-
-                tracker.log({f"timesteps/{name}": wandb.Histogram(np_histogram=(v, edges))}, step=step)
-
-
-def log_grid(accelerator, grid, step: int) -> None:
-    """A sample grid (uint8 [H, W, 3]) to every tracker that takes images (TensorBoard, W&B) as 'samples'."""
-    for tracker in accelerator.trackers:
-        if tracker.name == "tensorboard":
-            tracker.log_images({"samples": grid[None]}, step=step, dataformats="NHWC")
-        elif hasattr(tracker, "log_images"):
-            tracker.log_images({"samples": [grid]}, step=step)
 
 
 def save_p_heatmap(steps: Sequence[int], probs: np.ndarray, num_timesteps: int, path: str | Path,
