@@ -21,19 +21,13 @@ import os
 import sys
 from pathlib import Path
 
-from adaptive.config import (ConfigError, OneLineParser, add_config_arguments, precision_override, read_config,
-                             resolve_config)
+from adaptive.config import ConfigError, parse_train_args, precision_override, read_config, resolve_config
 from adaptive.control import StopControl
 from adaptive.faults import lost_peer, out_of_memory, run_cli
 
 
 def parse_args(argv=None):
-    parser = OneLineParser(prog="train_accelerate.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=None, help="start from a saved config (a run's config.json); flags given "
-                                                       "override it")
-    parser.add_argument("--print_config", action="store_true", help="print the resolved config (JSON) and exit")
-    add_config_arguments(parser, sys.argv[1:] if argv is None else list(argv))
-    return parser.parse_args(argv)
+    return parse_train_args(argv, description=__doc__.split("\n\n")[0])
 
 
 def saved_config(args) -> dict:

@@ -432,6 +432,17 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{text} [default {_fmt_default(default).replace('%', '%%')}]"
 
 
+def parse_train_args(argv=None, prog: str = "train_accelerate.py", description: typing.Optional[str] = None):
+    """train_accelerate.py's command line: every TrainConfig field as a flag, plus --config FILE and
+    --print_config (what the training script and the benchmarks' cost measurement parse)."""
+    parser = OneLineParser(prog=prog, description=description)
+    parser.add_argument("--config", default=None, help="start from a saved config (a run's config.json); flags given "
+                                                       "override it")
+    parser.add_argument("--print_config", action="store_true", help="print the resolved config (JSON) and exit")
+    add_config_arguments(parser, sys.argv[1:] if argv is None else list(argv))
+    return parser.parse_args(argv)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, argv: typing.Optional[list[str]] = None) -> None:
     """One flag per config field, grouped by section, default None so that presets can fill the gaps; then one
     section per timestep method with its options (the built-in ones, and a `pkg.module:Class` named in `argv`)."""

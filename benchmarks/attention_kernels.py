@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 from diffusers.models.attention_processor import Attention
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import adaptive.attention as attention
+from adaptive.attention import configure_attention
+from benchmarks.bench.provenance import git, machine
+from benchmarks import same_tree
 
-import adaptive.attention as attention  # noqa: E402
-from adaptive.attention import configure_attention  # noqa: E402
-from bench.provenance import git, machine  # noqa: E402
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # (label, batch, channels, side): the attention blocks of cpu-tiny16 (64 tokens), cpu-tiny (256) and ddpm-cifar10 (256)
 CASES = [("cpu-tiny16", 128, 64, 8), ("cpu-tiny", 128, 64, 16), ("ddpm-cifar10", 16, 256, 16)]

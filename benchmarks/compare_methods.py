@@ -28,19 +28,20 @@ import json
 import sys
 from pathlib import Path
 
+from adaptive.config import PRESETS
+from benchmarks.bench.costs import cost_ratios
+from benchmarks.bench.farm import collect_rows, keep_finished_run, keep_run_logs, pending_jobs, run_all
+from benchmarks.bench.plans import make_plan
+from benchmarks.bench.protocol import LONG_TARGETS, METHODS, PROTOCOL_DATA, PROTOCOL_FEATURES, order, variants
+from benchmarks.bench.provenance import code_hash, git, machine, model_of, versions
+from benchmarks.bench.quick import quick_setup
+from benchmarks.bench.report import render_stored, write_report
+from benchmarks.bench.summary import aggregate, select_tuned, speedups_at, write_calibration
+from benchmarks import same_tree
+
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from adaptive.config import PRESETS  # noqa: E402
-
-from bench.costs import cost_ratios  # noqa: E402
-from bench.farm import collect_rows, keep_finished_run, keep_run_logs, pending_jobs, run_all  # noqa: E402
-from bench.plans import make_plan  # noqa: E402
-from bench.protocol import LONG_TARGETS, METHODS, PROTOCOL_DATA, PROTOCOL_FEATURES, order, variants  # noqa: E402
-from bench.provenance import code_hash, git, machine, model_of, versions  # noqa: E402
-from bench.quick import quick_setup  # noqa: E402
-from bench.report import render_stored, write_report  # noqa: E402
-from bench.summary import aggregate, select_tuned, speedups_at, write_calibration  # noqa: E402
 
 
 def parse_args(argv=None):

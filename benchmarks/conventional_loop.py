@@ -18,6 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from adaptive.model import build_unet
+from benchmarks import same_tree
+
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
 
 
 class PILImages(torch.utils.data.Dataset):

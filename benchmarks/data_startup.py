@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """What a training start spends on its data, before and after the decoded cache (issue 56): decoding every image of
-a source (no cache), the first start with the cache (decode + write) and a second start (load), at each resolution.
+a source (no cache), the first start with the cache (decode + write) and a second start (load), at each resolution;
+and the alternative the issue names, `datasets`' `imagefolder` with its Arrow cache (first load builds it, a second
+load reads it; either way the images still have to be decoded to the uint8 array training uses).
 
     python benchmarks/data_startup.py --data ../shared/datasets/cifar10-jpeg/train.zip --out docs/benchmarks/data/<date>
 
@@ -14,12 +16,16 @@ import datetime as dt
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from adaptive.data import decode_or_load
+from adaptive.data import HubEntries, decode_or_load
 from adaptive.image_files import path_entries
+from benchmarks import same_tree
+
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
 
 
 def path_entries_for(p: Path):
@@ -40,9 +46,21 @@ def timed(fn):
     return time.perf_counter() - t0, result
 
 
+def datasets_start(data: Path, resolution: int, hf_cache: Path):
+    """`datasets.load_dataset("imagefolder")` of the source (its Arrow cache in `hf_cache`), then the same decode to
+    uint8 the project does for a Hub dataset (HubEntries)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    kind = {"data_files": str(data)} if data.is_file() else {"data_dir": str(data)}
+    ds = datasets.load_dataset("imagefolder", **kind, split="train", cache_dir=str(hf_cache), drop_labels=True)
+    return decode_or_load(HubEntries(ds, "image", f"imagefolder {data.name}"), resolution)[0]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = []
+    argv = sys.argv[1:] if argv is None else argv
     for resolution in args.resolutions:
         cache = Path(tempfile.mkdtemp(prefix="decoded-cache-"))
         try:
@@ -53,11 +71,16 @@ def main(argv=None) -> int:
                                                                  cache_dir=cache))
             assert not hit1 and hit2 and bool((again == images).all())
             size = sum(p.stat().st_size for p in cache.rglob("*.npy"))
+            ds_first, _ = timed(lambda: datasets_start(args.data, resolution, cache / "hf"))
+            ds_second, from_ds = timed(lambda: datasets_start(args.data, resolution, cache / "hf"))
+            assert from_ds.shape == images.shape
+            ds_size = sum(p.stat().st_size for p in (cache / "hf").rglob("*.arrow"))
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         rows.append({"resolution": resolution, "images": len(images), "decode_s": round(plain, 2),
                      "first_start_with_cache_s": round(first, 2), "second_start_s": round(second, 2),
-                     "cache_bytes": size})
+                     "cache_bytes": size, "datasets_first_s": round(ds_first, 2),
+                     "datasets_second_s": round(ds_second, 2), "datasets_cache_bytes": ds_size})
         print(json.dumps(rows[-1]), flush=True)
     meta = {"date": dt.date.today().isoformat(), "data": str(args.data), "cpus": os.cpu_count(),
             "load_average": "/".join(f"{x:.1f}" for x in os.getloadavg()), "rows": rows,
@@ -78,18 +101,24 @@ def write(meta: dict, out: Path) -> None:
              f"Command: `{meta['command']}`; {meta['cpus']} CPUs, load average {meta['load_average']} at the end. "
              "Seconds to have the source's images as the uint8 array training uses.", "",
              "| resolution | images | decode (no cache) | first start with the cache (decode + write) | second start "
-             "(load) | cache size |", "|---|---|---|---|---|---|"]
+             "(load) | cache size | `datasets` imagefolder: first load + decode | second load + decode | its "
+             "cache |", "|---|---|---|---|---|---|---|---|---|"]
     for r in meta["rows"]:
+        ds = (f"{r['datasets_first_s']:.2f} s | {r['datasets_second_s']:.2f} s | "
+              f"{r['datasets_cache_bytes'] / 2**20:.0f} MiB" if "datasets_first_s" in r else "- | - | -")
         lines.append(f"| {r['resolution']} px | {r['images']:,} | {r['decode_s']:.2f} s | "
                      f"{r['first_start_with_cache_s']:.2f} s | {r['second_start_s']:.2f} s | "
-                     f"{r['cache_bytes'] / 2**20:.0f} MiB |")
+                     f"{r['cache_bytes'] / 2**20:.0f} MiB | {ds} |")
+    lines += ["", "The decoded cache is what training and the evaluation references use: a second start loads the "
+              "array; `datasets`' Arrow cache keeps the encoded images, so every start still decodes them."]
     (out / "README.md").write_text("\n".join(lines) + "\n")
     fig, ax = plt.subplots(figsize=(6, 3), dpi=110)
     labels = [f"{r['resolution']} px" for r in meta["rows"]]
     xs = range(len(labels))
-    for k, (key, name) in enumerate((("decode_s", "decode"), ("first_start_with_cache_s", "first start"),
-                                     ("second_start_s", "second start"))):
-        ax.bar([x + 0.27 * (k - 1) for x in xs], [r[key] for r in meta["rows"]], width=0.27, label=name)
+    series = (("decode_s", "decode"), ("first_start_with_cache_s", "first start"), ("second_start_s", "second start"),
+              ("datasets_first_s", "datasets: first"), ("datasets_second_s", "datasets: second"))
+    for k, (key, name) in enumerate(series):
+        ax.bar([x + 0.16 * (k - 2) for x in xs], [r.get(key, 0) for r in meta["rows"]], width=0.16, label=name)
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("seconds")
     ax.legend()

@@ -27,17 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adaptive.checkpoint import load_ema_weights, read_config
+from adaptive.config import TrainConfig
+from adaptive.data import decode_all, open_entries, to_model_input
+from adaptive.model import build_noise_scheduler, build_unet
+from benchmarks import same_tree
 
-from adaptive.checkpoint import load_ema_weights, read_config  # noqa: E402
-from adaptive.config import TrainConfig  # noqa: E402
-from adaptive.data import decode_all, open_entries, to_model_input  # noqa: E402
-from adaptive.model import build_noise_scheduler, build_unet  # noqa: E402
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
 
 BAND_EDGES = (0.5, 1.5, 2.5, 4.5, 8.5, 16.5)  # radial |k| in cycles per image; bands: [0, 0.5], (0.5, 1.5], ...
 BAND_NAMES = ("mean", "1", "2", "3-4", "5-8", "9-16", ">16")

@@ -30,10 +30,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drill import hostile, inputs, report, resume, runs  # noqa: E402
-from drill.harness import EXPORT_EVERY, ROOT, Drill, make_data, state_digest  # noqa: E402
+from benchmarks.drill import hostile, inputs, report, resume, runs
+from benchmarks.drill.harness import EXPORT_EVERY, ROOT, Drill, make_data, state_digest
+from benchmarks import same_tree
+
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
 
 
 def parse_args(argv=None):

@@ -22,10 +22,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adaptive.config import CHOICES, PRESETS, ConfigError
+from benchmarks import same_tree
 
-from adaptive.config import CHOICES, PRESETS, ConfigError  # noqa: E402
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
+
+ROOT = Path(__file__).resolve().parents[1]
 
 KINDS = {  # throughput.py kind -> row label of the report
     "train-ours": "ours (eager)",

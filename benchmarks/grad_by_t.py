@@ -23,19 +23,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adaptive.checkpoint import read_config
+from adaptive.config import TrainConfig
+from adaptive.data import decode_all, open_entries, to_model_input
+from adaptive.model import build_noise_scheduler, build_unet
+from adaptive.timesteps.adaptive import AdaptiveOptions, balance_weights, proposal
+from benchmarks import same_tree
 
-from adaptive.checkpoint import read_config  # noqa: E402
-from adaptive.config import TrainConfig  # noqa: E402
-from adaptive.data import decode_all, open_entries, to_model_input  # noqa: E402
-from adaptive.model import build_noise_scheduler, build_unet  # noqa: E402
-from adaptive.timesteps.adaptive import AdaptiveOptions, balance_weights, proposal  # noqa: E402
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
 
 
 def second_moment(lam: torch.Tensor, G: torch.Tensor, p: torch.Tensor) -> float:

@@ -29,7 +29,10 @@ from pathlib import Path
 from adaptive.config import TrainConfig
 from adaptive.hub import HubUploader, commit_files
 from adaptive.hub_wait import REQUEST_TIMEOUT_S
-from drill.harness import SilentHub
+from benchmarks.drill.harness import SilentHub
+from benchmarks import same_tree
+
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
 
 CAP_S = 150.0  # a process still alive after this long is killed and reported as ">= CAP_S"
 

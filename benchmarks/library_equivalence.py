@@ -28,14 +28,16 @@ import diffusers
 import torch
 from diffusers.training_utils import EMAModel
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adaptive.attention import configure_attention
+from adaptive.config import PRESETS, TrainConfig
+from adaptive.ema import EMA
+from adaptive.losses import DiffusionTables, q_sample
+from adaptive.model import build_noise_scheduler, build_unet
+from benchmarks import same_tree
 
-from adaptive.attention import configure_attention  # noqa: E402
-from adaptive.config import PRESETS, TrainConfig  # noqa: E402
-from adaptive.ema import EMA  # noqa: E402
-from adaptive.losses import DiffusionTables, q_sample  # noqa: E402
-from adaptive.model import build_noise_scheduler, build_unet  # noqa: E402
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_unet():

@@ -30,12 +30,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adaptive.checkpoint import checkpoint_step, find_latest, list_checkpoints
+from adaptive.config import ConfigError
+from adaptive.rundir import artifact, exported_step, lock_holder, run_holds_training
+from benchmarks import same_tree
 
-from adaptive.checkpoint import checkpoint_step, find_latest, list_checkpoints  # noqa: E402
-from adaptive.config import ConfigError  # noqa: E402
-from adaptive.rundir import artifact, exported_step, lock_holder, run_holds_training  # noqa: E402
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_folders(paths: list[Path]) -> list[Path]:

@@ -22,17 +22,18 @@ import torch
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from adaptive.attention import configure_attention
+from adaptive.build import setup
+from adaptive.config import PRESETS, TrainConfig
+from adaptive.loop import optimizer_step
+from adaptive.model import build_unet
+from benchmarks.bench.provenance import git, machine
+from benchmarks.bench.workers import CPU_BATCH, default_data, make_cfg
+from benchmarks import same_tree
 
-from adaptive.attention import configure_attention  # noqa: E402
-from adaptive.build import setup  # noqa: E402
-from adaptive.config import PRESETS, TrainConfig  # noqa: E402
-from adaptive.loop import optimizer_step  # noqa: E402
-from adaptive.model import build_unet  # noqa: E402
-from bench.provenance import git, machine  # noqa: E402
-from bench.workers import CPU_BATCH, default_data, make_cfg  # noqa: E402
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # operator-name fragments -> group (first match wins); everything else is "other"
 GROUPS = [

@@ -26,7 +26,10 @@ import json
 import sys
 from pathlib import Path
 
-from grad_norms import read_windows as read_training_windows  # a sibling script (benchmarks/ on sys.path)
+from benchmarks.grad_norms import read_windows as read_training_windows
+from benchmarks import same_tree
+
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
 
 HIGH_NOISE_FROM_BIN = 7  # bins of 100 timesteps: 7, 8, 9 are t >= 700
 

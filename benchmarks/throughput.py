@@ -19,15 +19,17 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench import workers  # noqa: E402
-from bench.costs import measure_costs  # noqa: E402
-from bench.protocol import METHODS  # noqa: E402
-from bench.provenance import code_hash, git, machine, versions  # noqa: E402
-from bench.throughput_report import write_ablations, write_plot, write_readme  # noqa: E402
+from benchmarks.bench import workers
+from benchmarks.bench.costs import measure_costs
+from benchmarks.bench.protocol import METHODS
+from benchmarks.bench.provenance import code_hash, git, machine, versions
+from benchmarks.bench.throughput_report import write_ablations, write_plot, write_readme
+from benchmarks import same_tree
+
+same_tree(__file__)  # this tree's adaptive and benchmarks, not another worktree's
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SECTIONS = ("train", "sample", "methods", "memory")
 

@@ -82,14 +82,16 @@ def tiny_args(data: Path, out: Path, *extra: str, preset_precision: bool = False
 
 def run_cli(script: str, args: list[str], nproc: int = 1, timeout: float = 600, env: dict | None = None,
             check: bool = True) -> subprocess.CompletedProcess:
-    """Run an entry point as users do: python script.py (1 process) or accelerate launch (2 gloo ranks)."""
+    """Run an entry point as users do: python script.py (1 process) or accelerate launch (2 gloo ranks); a `script`
+    that is a module name (tests.helpers.x) runs with -m in the repository root (this tree's code, no path edits)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    target = [script] if script.endswith(".py") else ["-m", script]
     if nproc == 1:
-        cmd = [sys.executable, script, *args]
+        cmd = [sys.executable, *target, *args]
     else:
         full_env["ACCELERATE_USE_CPU"] = "1"
         cmd = [ACCELERATE, "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
-               "--num_processes", str(nproc), script, *args]
+               "--num_processes", str(nproc), *target, *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}"

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = __import__("conftest").ROOT
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench.costs import costs_to_measure  # noqa: E402
-from bench.plans import make_plan  # noqa: E402
-from bench.protocol import (ABLATIONS, CLAIM_METHODS, METHODS, calibration_budget, grid_name,  # noqa: E402
-                            grid_variants, in_blob_phase, plan, recheck_points, used_ratio, variants)
-from bench.report import bar_verdict, long_lines, render_stored, write_readme  # noqa: E402
-from bench.summary import aggregate, interpolate_crossing, select_tuned  # noqa: E402
-from compare_methods import parse_args  # noqa: E402
+from benchmarks.bench.costs import costs_to_measure
+from benchmarks.bench.plans import make_plan
+from benchmarks.bench.protocol import (ABLATIONS, CLAIM_METHODS, METHODS, calibration_budget, grid_name,
+                                       grid_variants, in_blob_phase, plan, recheck_points, used_ratio, variants)
+from benchmarks.bench.report import bar_verdict, long_lines, render_stored, write_readme
+from benchmarks.bench.summary import aggregate, interpolate_crossing, select_tuned
+from benchmarks.compare_methods import parse_args
+from conftest import ROOT
 
 
 def test_crossing_is_interpolated_between_evaluation_points():
@@ -209,9 +208,9 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
 
 
 def test_a_claim_table_runs_the_protocol_s_methods_at_each_resolution(tmp_path, monkeypatch):
-    import bench.plans
+    import benchmarks.bench.plans as plans
 
-    monkeypatch.setattr(bench.plans, "dirty", lambda: False)  # a claim runs on a committed, clean tree
+    monkeypatch.setattr(plans, "dirty", lambda: False)  # a claim runs on a committed, clean tree
     tuned, cal = tmp_path / "t.json", tmp_path / "c.json"
     tuned.write_text(json.dumps({"learning_rate": 2e-3, "adam_beta2": 0.99}))
     cal.write_text(json.dumps({"budget": 6000}))
@@ -229,7 +228,7 @@ def test_a_claim_table_runs_the_protocol_s_methods_at_each_resolution(tmp_path, 
 
 def test_every_run_and_cost_measurement_trains_in_the_protocol_precision_unless_told_otherwise(tmp_path):
     """PROTOCOL.md v3 trains in fp32 on every CPU; the presets say bf16, so the benchmark must pass it to every run."""
-    from bench.farm import train_command
+    from benchmarks.bench.farm import train_command
     from train_accelerate import parse_args as train_args
 
     def precision(argv):
@@ -284,8 +283,8 @@ def test_quick_mode_runs_every_stage(tmp_path):
 
 @pytest.mark.slow
 def test_throughput_quick_mode_compares_side_by_side(tmp_path, monkeypatch, capsys):
-    import throughput as tp
-    from bench import workers
+    import benchmarks.throughput as tp
+    from benchmarks.bench import workers
     from conftest import run_cli
 
     out = tmp_path / "tp"
@@ -325,8 +324,8 @@ def test_throughput_quick_mode_compares_side_by_side(tmp_path, monkeypatch, caps
 
 
 def test_throughput_training_plan_and_flags_choose_kinds_batch_precision_and_reference(monkeypatch):
-    import throughput as tp
-    from bench import workers
+    import benchmarks.throughput as tp
+    from benchmarks.bench import workers
 
     # defaults as before: no compilation of ddpm-cifar10 on a CPU, the fp32 conventional loop is the reference
     assert workers.train_plan(tp.parse_args([]), "ddpm-cifar10") == (16, ["train-ours", "train-conventional"],
@@ -365,7 +364,7 @@ def test_throughput_training_plan_and_flags_choose_kinds_batch_precision_and_ref
 
 def test_attention_kernels_quick_mode_times_every_variant_and_restores_the_constants(tmp_path):
     import adaptive.attention as attention
-    import attention_kernels as ak
+    import benchmarks.attention_kernels as ak
 
     before = (attention.UNBLOCKED_SCORE_BYTES, attention.BLOCK_SCORE_BYTES_PER_THREAD)
     assert ak.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -379,7 +378,7 @@ def test_attention_kernels_quick_mode_times_every_variant_and_restores_the_const
 
 
 def test_profile_groups_backward_kernels_apart_from_forward_ones():
-    from profile_step import group_of
+    from benchmarks.profile_step import group_of
 
     assert group_of("aten::convolution_backward") == "convolution backward"
     assert group_of("aten::mkldnn_convolution") == "convolution"
@@ -433,7 +432,7 @@ def test_gpu_protocol_script_runs_end_to_end_and_resumes(tmp_path):
 
 
 def test_gpu_check_training_minutes_fit_before_the_deadline_and_are_equal_per_run():
-    from gpu_check import train_minutes
+    from benchmarks.gpu_check import train_minutes
 
     assert train_minutes(3600, 3.0, 2, 145) == 3.0  # time to spare: MINUTES itself
     m = train_minutes(300, 3.0, 2, 145)  # the deadline shortens every run alike, to what still fits
@@ -444,7 +443,7 @@ def test_gpu_check_training_minutes_fit_before_the_deadline_and_are_equal_per_ru
 def test_gpu_check_report_reads_every_section_and_names_what_is_missing(tmp_path):
     """Speed-ups from the measured img/s of both throughput runs; a section that failed or ran out of time is named
     in its row, never filled in."""
-    import gpu_check as gc
+    import benchmarks.gpu_check as gc
 
     out = tmp_path / "out"
     for part, kinds in (("eager", {"train-ours": 300.0, "train-conventional": 100.0, "train-conventional-bf16": 150.0}),
@@ -559,7 +558,7 @@ def test_library_equivalence_quick_mode_measures_every_pair(tmp_path):
 
 
 def test_fault_drill_counts_faults_and_writes_the_table():
-    from drill.report import readme, summarize
+    from benchmarks.drill.report import readme, summarize
 
     def rec(category, clean=True, lost=False, hung=False, tracebacks=0, **kw):
         return {"category": category, "case": kw.pop("case", "x"), "clean": clean, "lost": lost, "hung": hung,
@@ -582,7 +581,7 @@ def test_fault_drill_counts_faults_and_writes_the_table():
 
 
 def test_the_drill_counts_a_rank_s_traceback_but_not_the_launcher_s_report():
-    from drill.harness import tracebacks
+    from benchmarks.drill.harness import tracebacks
 
     rank = "Traceback (most recent call last):\n  File x\nRuntimeError: boom\n"
     launcher = "Traceback (most recent call last):\n  File y\ntorch.distributed.elastic...ChildFailedError:\n"
@@ -590,7 +589,7 @@ def test_the_drill_counts_a_rank_s_traceback_but_not_the_launcher_s_report():
 
 
 def test_grad_norms_summarises_each_phase_and_how_often_the_clip_binds(tmp_path, capsys):
-    import grad_norms
+    import benchmarks.grad_norms as grad_norms
 
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -612,7 +611,7 @@ def test_grad_norms_summarises_each_phase_and_how_often_the_clip_binds(tmp_path,
 
 def test_grad_by_t_second_moment_is_the_importance_sampled_estimators_and_the_optimum_minimises_it():
     import torch
-    from grad_by_t import second_moment
+    from benchmarks.grad_by_t import second_moment
 
     from adaptive.timesteps.adaptive import proposal
 
@@ -634,7 +633,7 @@ def test_grad_by_t_second_moment_is_the_importance_sampled_estimators_and_the_op
 
 def test_only_a_run_with_every_planned_evaluation_is_kept_beside_the_table(tmp_path):
     """A run stopped early by SIGTERM exits 0 too: it is not kept (a kept run is skipped when restored)."""
-    from bench.farm import keep_finished_run, restore_finished_run
+    from benchmarks.bench.farm import keep_finished_run, restore_finished_run
 
     d, out = tmp_path / "work" / "adaptive_seed10", tmp_path / "out"
     d.mkdir(parents=True)
@@ -655,8 +654,8 @@ def test_only_a_run_with_every_planned_evaluation_is_kept_beside_the_table(tmp_p
 def test_each_launch_of_a_run_records_its_host_and_first_step_and_the_table_names_mixed_hosts(tmp_path):
     """A run resumed on another host mixes their speeds in its train_seconds: segments.jsonl says which steps ran
     where (kept and restored with the run), and a table names the hosts only where they differ from the report's."""
-    import bench.farm as farm
-    from bench.report import host_lines
+    import benchmarks.bench.farm as farm
+    from benchmarks.bench.report import host_lines
 
     d, out = tmp_path / "work" / "adaptive_seed10", tmp_path / "out"
     job = ("adaptive", 10, [sys.executable, "-c", "pass"], d)
@@ -685,8 +684,8 @@ def test_each_launch_of_a_run_records_its_host_and_first_step_and_the_table_name
 
 
 def test_long_runs_plan_and_speedups_at_several_targets(tmp_path):
-    from bench.protocol import LONG_POINTS
-    from bench.summary import speedups_at
+    from benchmarks.bench.protocol import LONG_POINTS
+    from benchmarks.bench.summary import speedups_at
 
     tuned = tmp_path / "t.json"
     tuned.write_text(json.dumps({"learning_rate": 2e-3, "adam_beta2": 0.99}))
@@ -713,7 +712,7 @@ def test_long_runs_plan_and_speedups_at_several_targets(tmp_path):
 
 def test_a_development_table_also_reports_the_steps_to_the_references_fd_at_half_the_budget():
     """PROTOCOL.md v4: beside the speed-up to the reference's final FD, the steps to its mean FD at B/2."""
-    from bench.summary import speedups_at
+    from benchmarks.bench.summary import speedups_at
 
     pts = (500, 1000, 1500, 2000)
     rows = [curve_row("uniform-tuned", 0, {500: 4.0, 1000: 3.0, 1500: 2.6, 2000: 2.5}, planned=pts),
@@ -746,7 +745,7 @@ def test_committed_tables_re_render_byte_identically_from_their_results(tmp_path
 def test_report_only_re_renders_a_table_of_other_code_and_keeps_its_results(tmp_path):
     """--report_only on a committed table (its runs measured with other code): README.md as committed, results.json
     untouched - not a table emptied of its rows."""
-    import compare_methods
+    import benchmarks.compare_methods as compare_methods
 
     src, tuned = METHOD_TABLES / "2026-12-02-long16", METHOD_TABLES / "2026-12-01-tuning" / "uniform_tuned.json"
     if not (src / "results.json").is_file() or not tuned.is_file():
@@ -768,7 +767,7 @@ def test_committed_throughput_table_re_renders_byte_identically_from_its_results
     load line is this machine's, so it is set to the committed one)."""
     import re
 
-    from bench.throughput_report import write_readme
+    from benchmarks.bench.throughput_report import write_readme
 
     src = ROOT / "docs" / "benchmarks" / "throughput" / "2026-11-30"
     if not (src / "results.json").is_file() or not (src / "README.md").is_file():
@@ -788,7 +787,7 @@ def test_the_methods_of_a_table_are_the_registry_s_and_the_protocol_s_baselines(
 
 
 def test_run_signals_tabulates_the_logged_signals_at_the_requested_steps(tmp_path, capsys):
-    import run_signals
+    import benchmarks.run_signals as run_signals
 
     run = tmp_path / "run"
     run.mkdir()
@@ -819,7 +818,7 @@ def test_run_signals_tabulates_the_logged_signals_at_the_requested_steps(tmp_pat
 
 
 def test_suite_times_compares_the_tests_both_runs_hold(tmp_path, capsys):
-    import suite_times
+    import benchmarks.suite_times as suite_times
 
     def junit(path, cases):
         path.write_text("<testsuites><testsuite>" + "".join(
@@ -838,7 +837,7 @@ def test_suite_times_compares_the_tests_both_runs_hold(tmp_path, capsys):
 
 
 def test_error_spectrum_plots_one_line_per_run_wherever_its_checkpoints_were_kept():
-    from error_spectrum import run_label
+    from benchmarks.error_spectrum import run_label
 
     assert run_label("/w/_work/cal32/uniform-tuned_seed0/checkpoint-2500") == "uniform-tuned_seed0"
     assert run_label("/work/keep/cal32-2500") == run_label("/work/keep/cal32-1500") == "cal32"
@@ -847,7 +846,7 @@ def test_error_spectrum_plots_one_line_per_run_wherever_its_checkpoints_were_kep
 
 def test_error_spectrum_bands_split_the_power_exactly():
     import torch
-    from error_spectrum import BAND_NAMES, band_power, radial_band
+    from benchmarks.error_spectrum import BAND_NAMES, band_power, radial_band
 
     x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     per = band_power(x, radial_band(16))
@@ -865,7 +864,7 @@ def test_error_spectrum_bands_split_the_power_exactly():
 def test_a_tables_model_record_ignores_the_method_options_its_runs_were_given():
     """results.json's model (PROTOCOL.md v4) from `-- --adaptive_balance 0 ...`: the method's options change no model,
     and the default method would refuse them (the balance-free development table crashed in its report on that)."""
-    from bench.provenance import model_of, without_method_options
+    from benchmarks.bench.provenance import model_of, without_method_options
 
     extra = ["--mixed_precision", "no", "--adaptive_balance", "0", "--adaptive_balance_final=0", "--norm_num_groups",
              "4"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch

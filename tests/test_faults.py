@@ -23,8 +23,7 @@ from adaptive.rundir import lock_output_dir, run_secrets, scrubbed_command
 
 from conftest import ACCELERATE, ROOT, run_cli, tiny_args, write_pooled_features
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from drill.harness import SilentHub, rank_pids  # noqa: E402  (the drill's never-answering Hub, a launch's ranks)
+from benchmarks.drill.harness import SilentHub, rank_pids
 
 SECRET, ENV_SECRET = "hf_FaultsTestSecretToken0123456789", "hf_FaultsTestEnvToken9876543210"
 
@@ -255,7 +254,7 @@ def test_8_sigterm_during_start_up_or_the_final_export_stops_cleanly(tmp_path, i
 
     run = tmp_path / "export"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "tests/helpers/slow_export_train.py", "10",
+    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.slow_export_train", "10",
                              *tiny_args(image_folder, run, "--max_train_steps", "2", "--save_images_steps", "none")],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
@@ -338,7 +337,7 @@ def replaced_run(trained, tmp_path) -> tuple[Path, list[str], dict]:
 def test_30_3_a_failure_before_the_first_checkpoint_keeps_the_replaced_run(trained, tmp_path, mode):
     run, args, before = replaced_run(trained, tmp_path)
     new = [*args, "--overwrite_output_dir", "--max_train_steps", "3", "--checkpointing_steps", "3"]
-    proc = subprocess.run([sys.executable, "tests/helpers/fail_at_step.py", mode, "2", *new], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.fail_at_step", mode, "2", *new], cwd=ROOT,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     if mode == "raise":  # put back by the failing process itself
@@ -734,7 +733,7 @@ def test_30_9_a_second_ctrl_c_during_an_export_stops_at_once_keeping_the_previou
 
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "tests/helpers/interrupted_export_train.py", "60",
+    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.interrupted_export_train", "60",
                              *tiny_args(image_folder, run, "--max_train_steps", "2", "--save_model_steps", "1",
                                         "--save_images_steps", "none")],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -1010,7 +1009,7 @@ def test_11_disk_full_during_a_checkpoint_is_one_line_and_keeps_the_previous_one
     flags = tiny_args(image_folder, Path("unused"), "--save_images_steps", "none")
     flags = flags[:flags.index("--output_dir")] + flags[flags.index("--output_dir") + 2:]
     result = tmp_path / "result.json"
-    subprocess.run(["unshare", "-rm", sys.executable, "tests/helpers/disk_full_run.py", "30", str(tmp_path / "mnt"),
+    subprocess.run(["unshare", "-rm", sys.executable, "-m", "tests.helpers.disk_full_run", "30", str(tmp_path / "mnt"),
                     str(result), "--", *flags], cwd=ROOT, check=True, timeout=900)
     r = json.loads(result.read_text())
     assert r["first_rc"] == 0, r["first_stderr"]

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import PRECISION_FLAGS, ROOT, run_cli, write_images, write_pooled_features
+from conftest import PRECISION_FLAGS, run_cli, write_images, write_pooled_features
 
 GOLDEN = Path(__file__).parent / "golden" / "golden.json"
-HELPER = "tests/helpers/golden_runs.py"
+HELPER = "tests.helpers.golden_runs"  # run as a module in the repository root (conftest.run_cli)
 TOLERANCE = 2e-2  # relative, for sums on an unrecorded CPU: ~5x the largest cross-CPU drift measured (0.44%)
 
 
@@ -151,7 +150,6 @@ def test_the_most_specific_matching_record_is_this_platforms():
 if __name__ == "__main__":  # record this platform at its precision, keeping the other platforms' records
     import tempfile
 
-    sys.path.insert(0, str(ROOT / "tests"))
     with tempfile.TemporaryDirectory() as d:
         runs = {str(n): golden_runs(Path(d) / str(n), n)["runs"] for n in (1, 2)}
     old = json.loads(GOLDEN.read_text())["records"] if GOLDEN.exists() else []

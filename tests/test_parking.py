@@ -17,12 +17,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-ROOT = __import__("conftest").ROOT
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from park_runs import main as park  # noqa: E402
-from same_run import main as same_run  # noqa: E402
-
-from adaptive.checkpoint import write_manifest  # noqa: E402
+from adaptive.checkpoint import write_manifest
+from benchmarks.park_runs import main as park
+from benchmarks.same_run import main as same_run
+from conftest import ROOT
 
 
 def make_checkpoint(run: Path, step: int, corrupt: bool = False) -> Path:
@@ -93,8 +91,7 @@ def test_dry_run_and_bad_paths_change_nothing(tmp_path, capsys):
 # (as the preemption path does) before exiting; its parent is named compare_methods.py like the benchmark driver.
 TRAINER = textwrap.dedent("""
     import fcntl, signal, sys, time
-    sys.path.insert(0, {tests!r})
-    from test_parking import make_checkpoint
+    from test_parking import make_checkpoint  # run in tests/ (python -c puts the working folder first)
     from pathlib import Path
     run = Path({run!r})
     lock = open(run / ".lock", "a")
@@ -118,9 +115,9 @@ DRIVER = textwrap.dedent("""
 def test_running_runs_are_stopped_through_their_preemption_path_and_their_driver_first(tmp_path):
     run = make_run(tmp_path / "work" / "adaptive_seed0", [250, 500])
     driver_py = tmp_path / "compare_methods.py"
-    driver_py.write_text(DRIVER.format(trainer=TRAINER.format(tests=str(ROOT / "tests"), run=str(run)),
+    driver_py.write_text(DRIVER.format(trainer=TRAINER.format(run=str(run)),
                                        pid_file=str(tmp_path / "trainer.pid")))
-    driver = subprocess.Popen([sys.executable, str(driver_py)])
+    driver = subprocess.Popen([sys.executable, str(driver_py)], cwd=ROOT / "tests")
     try:
         deadline = time.monotonic() + 60
         while not (run / "ready").exists():

@@ -179,7 +179,7 @@ def test_edm2_uncertainty_learns_the_log_of_the_expected_loss():
 def test_two_gloo_ranks_with_different_losses_hold_identical_sampler_state():
     from conftest import run_cli
 
-    proc = run_cli("tests/helpers/rank_consistency.py", [], nproc=2)
+    proc = run_cli("tests.helpers.rank_consistency", [], nproc=2)
     assert proc.stdout.count(": OK") == 2
     assert proc.stdout.count("state identical across ranks") == 6
 

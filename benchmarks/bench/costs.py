@@ -12,11 +12,10 @@ from pathlib import Path
 import torch
 
 from adaptive.build import Run, setup
-from adaptive.config import replace, resolve_config
+from adaptive.config import parse_train_args, replace, resolve_config
 from adaptive.loop import optimizer_step
 from adaptive.losses import DiffusionTables
 from adaptive.timesteps import build_sampler
-from train_accelerate import parse_args
 
 from .protocol import METHODS, order
 from .provenance import ROOT, git
@@ -38,7 +37,7 @@ def method_runs(run: Run, methods: list[str], flags: list[str]) -> dict[str, Run
     timestep sampler, built from its train_accelerate.py flags."""
     out = {}
     for m in methods:
-        cfg = resolve_config(parse_args([*flags, *METHODS[m]]))
+        cfg = resolve_config(parse_train_args([*flags, *METHODS[m]]))
         cfg = replace(run.cfg, **{k: getattr(cfg, k) for k in METHOD_FIELDS})
         tables = DiffusionTables.build(run.noise_scheduler.alphas_cumprod, cfg, run.accelerator.device)
         out[m] = dataclasses.replace(run, cfg=cfg, tables=tables,
@@ -57,7 +56,7 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
     work = ROOT / "benchmarks" / "_work" / "cost"
     flags = ["--preset", preset, "--train_data_dir", str(data), "--output_dir", str(work), "--overwrite_output_dir",
              "--logger", "none", *extra]
-    runs = method_runs(setup(resolve_config(parse_args(flags)), lambda m: None), methods, flags)
+    runs = method_runs(setup(resolve_config(parse_train_args(flags)), lambda m: None), methods, flags)
     batches = next(iter(runs.values())).data.batches(0)
     step = 0
 

@@ -21,16 +21,15 @@ from PIL import Image
 
 from adaptive.attention import configure_attention
 from adaptive.build import setup
-from adaptive.config import resolve_config
+from adaptive.config import parse_train_args, resolve_config
 from adaptive.image_sampler import compile_for_sampling, ddpm_sample
 from adaptive.loop import optimizer_step
 from adaptive.model import build_noise_scheduler, build_unet
-from conventional_loop import ConventionalLoop
-from train_accelerate import parse_args
+from benchmarks.conventional_loop import ConventionalLoop
 
 from .provenance import ROOT
 
-CLI = ROOT / "benchmarks" / "throughput.py"  # runs a worker with --worker KIND
+CLI = ["-m", "benchmarks.throughput"]  # runs a worker with --worker KIND (in ROOT: this tree's code)
 PROTOCOL_DATA = ROOT.parent / "shared" / "datasets" / "cifar10-jpeg" / "train.zip"
 
 # Ablations: our loop with one of its choices switched back (label -> worker kind + flags), to measure each one's
@@ -79,7 +78,7 @@ def timed_windows(step, batch: int, warmup: int, windows: int, window_steps: int
 def make_cfg(preset: str, data: Path, batch: int, extra: list[str]):
     """A training config of `preset` on `data` with `batch`, writing to a scratch folder."""
     work = ROOT / "benchmarks" / "_work" / "throughput" / f"{preset}-{os.getpid()}"
-    return resolve_config(parse_args(["--preset", preset, "--train_data_dir", str(data), "--output_dir", str(work),
+    return resolve_config(parse_train_args(["--preset", preset, "--train_data_dir", str(data), "--output_dir", str(work),
                                       "--overwrite_output_dir", "--logger", "none", "--train_batch_size", str(batch),
                                       "--max_train_samples", "4096", *extra]))
 
@@ -133,7 +132,7 @@ def worker(args) -> dict:
 def run_worker(kind: str, preset: str, data: Path, batch: int, args, extra=()) -> dict:
     """One measurement in a fresh `throughput.py --worker` process."""
     warmup = max(args.warmup, 2) if kind.endswith("-compile") else args.warmup
-    cmd = [sys.executable, str(CLI), "--worker", kind, "--preset", preset, "--data", str(data), "--batch", str(batch),
+    cmd = [sys.executable, *CLI, "--worker", kind, "--preset", preset, "--data", str(data), "--batch", str(batch),
            "--warmup", str(warmup), "--windows", str(args.windows), "--window_steps", str(args.window_steps),
            "--sample_steps", str(args.sample_steps), "--", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -15,8 +15,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 CKPT_EVERY, EXPORT_EVERY = 4, 8  # optimizer steps
 RUN_FLAGS = ["--preset", "cpu-tiny16", "--logger", "none", "--num_grid_images", "2", "--ddpm_num_inference_steps", "2",

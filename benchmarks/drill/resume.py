@@ -14,8 +14,8 @@ from pathlib import Path
 
 from .harness import CKPT_EVERY, LIMIT, ROOT, RUN_FLAGS, Drill, last_step, mtime, newest_valid, one_line, state_digest
 
-HELPERS = {"checkpoint write": ["tests/helpers/slow_checkpoint_train.py", "30"],
-           "export": ["tests/helpers/slow_export_train.py", "30"]}
+HELPERS = {"checkpoint write": ["-m", "tests.helpers.slow_checkpoint_train", "30"],
+           "export": ["-m", "tests.helpers.slow_export_train", "30"]}
 
 
 def kill_once(d: Drill, run: Path, kind: str, rng: random.Random) -> dict:
@@ -114,7 +114,7 @@ def disk_full_drill(d: Drill) -> None:
         return
     result = d.work / "disk_full.json"
     try:
-        proc = subprocess.run(["unshare", "-rm", sys.executable, "tests/helpers/disk_full_run.py", "30", str(mount),
+        proc = subprocess.run(["unshare", "-rm", sys.executable, "-m", "tests.helpers.disk_full_run", "30", str(mount),
                                str(result), "--", *RUN_FLAGS, "--train_data_dir", str(d.data)], cwd=ROOT, env=d.env,
                               capture_output=True, text=True, timeout=2 * LIMIT)
     except subprocess.TimeoutExpired:

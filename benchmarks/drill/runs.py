@@ -45,7 +45,7 @@ def overwrite_drill(d: Drill, finished: Path) -> None:
 
     run, before = copy_of(d, finished, "ow-kill")
     rc, out, hung = d.finish(d.start(run, "--overwrite_output_dir", "--max_train_steps", "3", "--checkpointing_steps",
-                                     "3", helper=["tests/helpers/fail_at_step.py", "kill", "2"]))
+                                     "3", helper=["-m", "tests.helpers.fail_at_step", "kill", "2"]))
     rc2, out2, hung2 = d.finish(d.start(run, "--resume_from_checkpoint", "latest"))
     d.record(OVERWRITE, "SIGKILL at step 2, then the same folder started again",
              clean=rc2 == 0 and "restored the run" in out2 and snapshot(run) == before,
@@ -178,7 +178,7 @@ def signal_drill(d: Drill) -> None:
 
     run = d.work / "ctrl-c"
     shutil.rmtree(run, ignore_errors=True)
-    proc = d.popen(["tests/helpers/interrupted_export_train.py", "60",
+    proc = d.popen(["-m", "tests.helpers.interrupted_export_train", "60",
                     *d.args(run, "--max_train_steps", "2", "--save_model_steps", "1")])
     seen = wait_for_line(proc, "EXPORTING")
     before = {k: v for k, v in snapshot(run).items() if k.split("/")[0] in ("unet", "scheduler", "model_index.json")}

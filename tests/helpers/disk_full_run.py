@@ -1,7 +1,7 @@
 """A run on a small tmpfs that fills up while writing its second checkpoint (run it in a private mount namespace:
-`unshare -rm python tests/helpers/disk_full_run.py ...`; the tmpfs and everything on it vanish with the namespace).
+`unshare -rm python -m tests.helpers.disk_full_run ...`; the tmpfs and everything on it vanish with the namespace).
 
-    python tests/helpers/disk_full_run.py SIZE_MB MOUNT RESULT_JSON -- train_accelerate.py flags (without --output_dir)
+    python -m tests.helpers.disk_full_run SIZE_MB MOUNT RESULT_JSON -- train_accelerate.py flags (without --output_dir)
 
 1. mount a SIZE_MB tmpfs at MOUNT; 2. train 1 step into MOUNT/run (checkpoint-1 and the export fit); 3. hash
 checkpoint-1 and leave a stale .checkpoint-7.tmp; 4. resume to step 2: checkpoint-2 does not fit. RESULT_JSON gets

@@ -1,18 +1,15 @@
 """train_accelerate.py whose optimizer step STEP fails: MODE raise (a RuntimeError, as an allocation failure would) or
 kill (SIGKILL of the process itself). The fault is injected here, not in the product.
 
-    python tests/helpers/fail_at_step.py raise 1 --output_dir ... (train_accelerate.py flags)
+    python -m tests.helpers.fail_at_step raise 1 --output_dir ... (train_accelerate.py flags)
 """
 
 import os
 import signal
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import adaptive.loop as loop  # noqa: E402
-import train_accelerate  # noqa: E402
+import adaptive.loop as loop
+import train_accelerate
 
 mode, fail_step = sys.argv[1], int(sys.argv[2])
 optimizer_step = loop.optimizer_step

@@ -2,8 +2,8 @@
 the sha256 of what training produced - parameters, EMA, optimizer state, timestep-sampler state, logged losses and
 the in-training proxy FD.
 
-    python tests/helpers/golden_runs.py DATA FEATURES OUT PRECISION [METHOD ...]  # 1 process; PRECISION: bf16 | no
-    accelerate launch --num_processes 2 tests/helpers/golden_runs.py ...         # 2 gloo ranks
+    python -m tests.helpers.golden_runs DATA FEATURES OUT PRECISION [METHOD ...]  # 1 process; PRECISION: bf16 | no
+    accelerate launch --num_processes 2 -m tests.helpers.golden_runs ...         # 2 gloo ranks
 
 All runs share one process group: train() would tear the group down at its end (end_training), so this test driver
 replaces end_training by its tracker part and tears the group down once, at the very end. Prints one JSON line
@@ -20,16 +20,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from accelerate import Accelerator
+from accelerate.state import PartialState
+from safetensors.torch import load_file
 
-from accelerate import Accelerator  # noqa: E402
-from accelerate.state import PartialState  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+from adaptive.checkpoint import load_ema_weights
+from adaptive.timesteps import METHODS as REGISTERED
 
-from adaptive.checkpoint import load_ema_weights  # noqa: E402
-from adaptive.timesteps import METHODS as REGISTERED  # noqa: E402
-
-import train_accelerate  # noqa: E402
+import train_accelerate
 
 EXTRA_FLAGS = {"adaptive": ["--adaptive_warmup_steps", "5"]}  # past its warm-up within the run
 FIRST = ["uniform", "iddpm", "speed", "edm2_uncertainty", "kim2025", "adaptive"]  # the recorded order; new ones after

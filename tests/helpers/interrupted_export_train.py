@@ -2,18 +2,15 @@
 pipeline's weights are written, before the rest of the export: a window for a signal in the middle of an export. The
 fault is injected here, not in the product.
 
-    python tests/helpers/interrupted_export_train.py 20 --output_dir ... (train_accelerate.py flags)
+    python -m tests.helpers.interrupted_export_train 20 --output_dir ... (train_accelerate.py flags)
 """
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from diffusers import DDPMPipeline
 
-from diffusers import DDPMPipeline  # noqa: E402
-
-import train_accelerate  # noqa: E402
+import train_accelerate
 
 pause, calls = float(sys.argv[1]), []
 save_pretrained = DDPMPipeline.save_pretrained

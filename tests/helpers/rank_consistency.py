@@ -1,20 +1,16 @@
 """Run under 2 gloo ranks: samplers updated from gathered losses hold identical state; gather order is the draw
 order."""
 
-import sys
-from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this tree's adaptive/, not an installed one
-
-from adaptive.config import PRESETS, TrainConfig  # noqa: E402
-from adaptive.data import Layout  # noqa: E402
-from adaptive.losses import DiffusionTables  # noqa: E402
-from adaptive.loop import gather_global_batch  # noqa: E402
-from adaptive.model import build_noise_scheduler  # noqa: E402
-from adaptive.timesteps import build_sampler  # noqa: E402
+from adaptive.config import PRESETS, TrainConfig
+from adaptive.data import Layout
+from adaptive.losses import DiffusionTables
+from adaptive.loop import gather_global_batch
+from adaptive.model import build_noise_scheduler
+from adaptive.timesteps import build_sampler
 
 acc = Accelerator(cpu=True)
 rank, world = acc.process_index, acc.num_processes

@@ -1,17 +1,14 @@
 """train_accelerate.py whose checkpoint writes pause between the files and the manifest (PAUSE seconds, first arg):
 a wide window in which a kill leaves a half-written checkpoint. The fault is injected here, not in the product.
 
-    python tests/helpers/slow_checkpoint_train.py 30 --output_dir ... (train_accelerate.py flags)
+    python -m tests.helpers.slow_checkpoint_train 30 --output_dir ... (train_accelerate.py flags)
 """
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import adaptive.checkpoint as checkpoint  # noqa: E402
-import train_accelerate  # noqa: E402
+import adaptive.checkpoint as checkpoint
+import train_accelerate
 
 pause = float(sys.argv[1])
 write_manifest = checkpoint.write_manifest
