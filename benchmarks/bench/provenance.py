@@ -35,7 +35,7 @@ def code_hash() -> str:
         p = ROOT / f
         if shares_code(f) and p.exists():
             lines = p.read_text().splitlines()
-            if f == "adaptive/config.py":
+            if f == "adaptive/config.py" or f.startswith("adaptive/config/"):
                 lines = [line for line in lines if not line.strip().startswith(METHOD_CONFIG_LINES)]
             h.update(f.encode() + b"\0" + "\n".join(lines).encode())
     return h.hexdigest()[:16]
