@@ -143,7 +143,8 @@ def features(images, featnet, desc: str = "evaluate_fid.py: features of the samp
 
 def reference_source(args):
     """(ImageEntries, description) of --ref_dir (folder, .zip or .npz) or --ref_dataset."""
-    from adaptive.data import ArrayEntries, open_entries  # imports torch: keeps --help fast
+    from adaptive.data import open_entries  # imports torch: keeps --help fast
+    from adaptive.sources import ArrayEntries  # imports numpy and the config: keeps --help fast
     from adaptive.image_files import load_npz_images, path_entries  # imports torch: keeps --help fast
 
     if args.ref_dataset:
@@ -165,7 +166,8 @@ def reference_source(args):
 def build_reference(args, featnet, resolution: Optional[int], log=print) -> dict:
     """Statistics of --ref_dir/--ref_dataset at `resolution` (None: the images' own size): a fixed random subset of
     --ref_num_images (seed 0), decoded and resized as the training data pipeline does, cached by content."""
-    from adaptive.data import decode_all, default_cache_dir  # imports torch: keeps --help fast
+    from adaptive.data import decode_all  # imports torch: keeps --help fast
+    from adaptive.sources import default_cache_dir  # imports numpy: keeps --help fast
     from adaptive.fid import reference_stats, reference_subset  # imports torch: keeps --help fast
     from adaptive.image_files import fmt_size  # imports torch: keeps --help fast
 

@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 
 from .config import TrainConfig, replace
-from .data import decode_all, default_cache_dir, open_entries
+from .data import decode_all, open_entries
+from .sources import default_cache_dir
 from .fid import (INCEPTION, FeatureNet, clean_fid_reference, feature_stats, frechet_distance, load_reference_stats,
                   reference_stats, reference_subset, warn_if_few)
 from .image_sampler import ddpm_sample, shard

@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .config import ConfigError
-from .data import FolderEntries, ImageEntries, ZipEntries
+from .sources import FolderEntries, ImageEntries, ZipEntries
 
 SAMPLING_RECORD = "sampling.json"  # written by sample.py next to its images/
 

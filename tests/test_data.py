@@ -190,7 +190,8 @@ def test_56_data_is_decoded_once_then_loaded_from_the_cache_keyed_by_its_content
 
     from PIL import Image
 
-    from adaptive.data import FolderEntries, ZipEntries, decode_or_load
+    from adaptive.data import decode_or_load
+    from adaptive.sources import FolderEntries, ZipEntries
 
     folder = write_images(tmp_path / "imgs", n_per_class=3)
     cache = tmp_path / "cache"

@@ -296,10 +296,11 @@ def test_reference_from_a_dataset_equals_the_same_images_as_files(tmp_path, sets
     from PIL import Image
 
     import adaptive.data
+    import adaptive.sources
 
     arr = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in sorted(sets["a"].rglob("*.png"))])
     monkeypatch.setattr(adaptive.data, "open_entries",
-                        lambda cfg, **kw: adaptive.data.ArrayEntries(arr, "fake dataset"))
+                        lambda cfg, **kw: adaptive.sources.ArrayEntries(arr, "fake dataset"))
     out = tmp_path / "m.json"
     assert _evaluate("--samples", sets["a"], "--num_images", "40", "--feature_extractor", extractor, "--ref_dataset",
                      "fake", "--cache_dir", tmp_path / "cache", "--output", out) == 0
