@@ -187,11 +187,13 @@ def build_model(cfg: TrainConfig, device: torch.device):
     return unet, noise_scheduler, DiffusionTables.build(noise_scheduler.alphas_cumprod, cfg, device)
 
 
-def setup(cfg: TrainConfig, log, entries=None, main_error: Optional[str] = None) -> Run:
+def setup(cfg: TrainConfig, log, entries=None, main_error: Optional[str] = None,
+          layout: Optional[Layout] = None) -> Run:
     """Accelerator, data on the device, model, noise schedule, timestep sampler, EMA, optimizer, LR schedule; the
     TrainState registered with the accelerator (so save_state/load_state carry it). `main_error`: a check that only
     the main process made failed (the Hub check, `hub.connect_hub`): raised on every rank before anything is
-    written."""
+    written. `layout`: the batch layout train() planned with (the launch's WORLD_SIZE, which make_accelerator has
+    checked against the process group); made here for callers without one."""
     from diffusers.optimization import get_scheduler
 
     # Set up the accelerator and load the data onto the device.
@@ -201,7 +203,7 @@ def setup(cfg: TrainConfig, log, entries=None, main_error: Optional[str] = None)
     cfg = replace(cfg, mixed_precision=accelerator.mixed_precision)
     device = accelerator.device
     accelerator.wait_for_everyone()  # every rank has checked its input before anything is written
-    layout = Layout(cfg.train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps)
+    layout = layout or Layout(cfg.train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps)
     with accelerator.main_process_first():
         data = load_train_data(cfg, layout, accelerator.process_index, device, entries, log)
     lock = prepare_output_dir(accelerator, cfg, log)

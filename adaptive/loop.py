@@ -113,7 +113,8 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
 
     # A finished run rerun: nothing to train, decided from its checkpoint before any image is decoded (every rank
     # reads the same checkpoint, so every rank returns here; no process group has been formed).
-    finished = finished_checkpoint(cfg, resume_from, len(entries))
+    layout = Layout(cfg.train_batch_size, int(os.environ.get("WORLD_SIZE", "1")), cfg.gradient_accumulation_steps)
+    finished = finished_checkpoint(cfg, resume_from, len(entries), layout)
     if finished is not None:
         control.restore_handlers()
         if hub_error:
@@ -125,7 +126,7 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
         log(fresh_start_line(cfg))
 
     # Build everything: accelerator, data, model, EMA, optimizer, LR schedule, timestep sampler; lock the folder.
-    run = setup(cfg, log, entries, main_error=hub_error)
+    run = setup(cfg, log, entries, main_error=hub_error, layout=layout)
     cfg, acc = run.cfg, run.accelerator
 
     # Resume (or start), record the run, open the trackers, evaluator and uploader.
@@ -193,13 +194,12 @@ def train_steps(run: Run, session: Session, sampling_unet) -> None:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def finished_checkpoint(cfg: TrainConfig, resume_from: Optional[Path], num_images: int):
+def finished_checkpoint(cfg: TrainConfig, resume_from: Optional[Path], num_images: int, layout: Layout):
     """(progress, why) when the checkpoint to resume from ends a finished run (`export.finished_run`), read from its
     files before anything is built; else None."""
     if resume_from is None:
         return None
     progress = read_progress(resume_from)
-    layout = Layout(cfg.train_batch_size, int(os.environ.get("WORLD_SIZE", "1")), cfg.gradient_accumulation_steps)
     why = finished_run(cfg, progress, planned_steps(cfg, num_images, layout))
     return (progress, why) if why else None
 
