@@ -106,6 +106,14 @@ def token_echo_drill(d: Drill) -> None:
 
 def bad_inputs(d: Drill, finished: Path) -> list[tuple[str, str, list[str], int, Path | None]]:
     """(category, case, argv, expected exit status, folder that must stay as it was or not be created)."""
+    w, feat, snaps, garbled, truncated = bad_input_files(d)
+    return [*bad_training_inputs(d, finished, w, feat), *bad_scoring_inputs(d, finished, w, feat),
+            *bad_reconstruction_inputs(finished, w, snaps, garbled, truncated)]
+
+
+def bad_input_files(d: Drill):
+    """The files the bad inputs point at: (work folder, feature network, a run with snapshots, its copy with a garbled
+    config.json, its copy with a truncated snapshot)."""
     w, feat = d.work / "bad", d.work / "feat.pt"
     shutil.rmtree(w, ignore_errors=True)
     (w / "no-run").mkdir(parents=True)
@@ -117,6 +125,10 @@ def bad_inputs(d: Drill, finished: Path) -> list[tuple[str, str, list[str], int,
     (garbled / "config.json").write_text("{not json")
     victim = sorted((truncated / "ema_snapshots").iterdir())[-1]
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    return w, feat, snaps, garbled, truncated
+
+
+def bad_training_inputs(d: Drill, finished: Path, w: Path, feat: Path) -> list:
     train, long_name = "bad input: train_accelerate.py", "x" * 300
     t = lambda out, *extra: ["train_accelerate.py", *d.args(out, *extra)]  # noqa: E731
     return [
@@ -130,6 +142,13 @@ def bad_inputs(d: Drill, finished: Path) -> list[tuple[str, str, list[str], int,
          t(w / "t4", "--resume_from_checkpoint", str(w / "missing" / "checkpoint-3")), 2, w / "t4"),
         (train, "--train_batch_size 0", t(w / "t5", "--train_batch_size", "0"), 2, w / "t5"),
         (train, "a run folder without --resume_from_checkpoint", t(finished), 2, finished),
+        (train, "--output_dir in /proc (root passes the permission check)", t(Path("/proc/drill-run")), 2, None),
+        (train, "--logging_dir in /proc", t(w / "t6", "--logging_dir", "/proc/drill-logs"), 2, w / "t6"),
+    ]
+
+
+def bad_scoring_inputs(d: Drill, finished: Path, w: Path, feat: Path) -> list:
+    return [
         ("bad input: sample.py", "--model_path ./missing", ["sample.py", "--model_path", str(w / "missing"),
                                                             "--output_dir", str(w / "s1")], 2, w / "s1"),
         ("bad input: sample.py", "--model_path a folder without a run", ["sample.py", "--model_path",
@@ -150,8 +169,6 @@ def bad_inputs(d: Drill, finished: Path) -> list[tuple[str, str, list[str], int,
          ["evaluate_fid.py", "--samples", str(d.data), "--feature_extractor", str(feat), "--ref_dir", str(d.data),
           "--num_images", "2", "--output", str(w / "m2.json")], 0, None),
         ("bad input: evaluate_fid.py", "--make_ref without a reference", ["evaluate_fid.py", "--make_ref"], 2, None),
-        (train, "--output_dir in /proc (root passes the permission check)", t(Path("/proc/drill-run")), 2, None),
-        (train, "--logging_dir in /proc", t(w / "t6", "--logging_dir", "/proc/drill-logs"), 2, w / "t6"),
         ("bad input: sample.py", "--output_dir in /proc", ["sample.py", "--model_path", str(finished),
                                                            "--output_dir", "/proc/drill-samples"], 2, None),
         ("bad input: sample.py", "--output_dir /dev/null", ["sample.py", "--model_path", str(finished),
@@ -162,6 +179,11 @@ def bad_inputs(d: Drill, finished: Path) -> list[tuple[str, str, list[str], int,
         ("bad input: evaluate_fid.py", "a feature network that returns a scalar",
          ["evaluate_fid.py", "--samples", str(d.data), "--feature_extractor", str(scalar_features(w / "scalar.pt")),
           "--ref_dir", str(d.data), "--num_images", "4", "--output", str(w / "m3.json")], 2, None),
+    ]
+
+
+def bad_reconstruction_inputs(finished: Path, w: Path, snaps: Path, garbled: Path, truncated: Path) -> list:
+    return [
         ("bad input: reconstruct_ema.py", "--output_dir in /proc", ["reconstruct_ema.py", "--run_dir", str(snaps),
                                                                     "--sigma_rel", "0.1", "--output_dir",
                                                                     "/proc/drill-ema"], 2, None),
