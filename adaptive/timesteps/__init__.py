@@ -20,7 +20,7 @@ from .registry import METHODS, method
 from .uniform import UniformSampler
 
 if TYPE_CHECKING:
-    from ..config import TrainConfig
+    from ..config.settings import TrainConfig
     from ..losses import DiffusionTables
 
 for _module in pkgutil.iter_modules(__path__):

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 import torch
 
 if TYPE_CHECKING:
-    from ..config import TrainConfig
+    from ..config.settings import TrainConfig
     from ..losses import DiffusionTables
 
 DIAGNOSTIC_BINS = 10  # timestep bins for logged per-t statistics
