@@ -1,4 +1,4 @@
-"""Image sources -> one uint8 tensor on the training device -> batches made on the device.
+"""The configured image source (adaptive/sources.py) -> one uint8 tensor on the device -> batches made there.
 
 Sources (adaptive/sources.py): `--train_data_dir` (a folder or .zip of images), `--dataset_name cifar10`
 (torchvision), or any Hub dataset with an image column (`datasets`). Images are decoded once; every batch is a
