@@ -60,7 +60,7 @@ done
 [[ $COMPILE == 0 || $COMPILE == 1 ]] || die "COMPILE must be 0 or 1 (got '$COMPILE')"
 [[ -z $DATA || -e $DATA ]] || die "DATA $DATA does not exist"
 [[ -z $FEATURES || -f $FEATURES ]] || die "FEATURES $FEATURES does not exist"
-$PYTHON benchmarks/gpu_check.py check "$PRESET" "$PRECISION" $METHODS
+$PYTHON -m benchmarks.gpu_check check "$PRESET" "$PRECISION" $METHODS
 
 mkdir -p "$OUT" "$WORK"
 # An earlier run's results must not stand in for a section that fails this time.
@@ -117,7 +117,7 @@ fi
 if ((GEN_IMAGES > 0 || ${#GEN_FEATURES[@]} > 0)); then
   echo "!!!!!!!!!! $DEFAULT_DATA or $DEFAULT_FEATURES is missing: GENERATED stand-ins are used."
   echo "!!!!!!!!!! The FD of this run measures NOTHING about sample quality (the pipeline runs, that is all)."
-  $PYTHON benchmarks/gpu_check.py fallback "$WORK/generated" --out "$OUT" --preset "$PRESET" --images "$GEN_IMAGES" \
+  $PYTHON -m benchmarks.gpu_check fallback "$WORK/generated" --out "$OUT" --preset "$PRESET" --images "$GEN_IMAGES" \
     "${GEN_FEATURES[@]}"
   if ((GEN_IMAGES > 0)); then DATA=$WORK/generated/images; fi
   if ((${#GEN_FEATURES[@]} > 0)); then FEATURES=$WORK/generated/toy-features.pt; fi
@@ -125,13 +125,13 @@ fi
 echo "data: $DATA   features: $FEATURES"
 
 # Environment: versions, device, commit, settings (DATA and FEATURES as used).
-$PYTHON benchmarks/gpu_check.py env "$OUT" $SETTINGS
+$PYTHON -m benchmarks.gpu_check env "$OUT" $SETTINGS
 { nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv; } \
   > "$OUT/nvidia-smi.txt" 2>&1 || echo "(nvidia-smi not available on this machine)" >> "$OUT/nvidia-smi.txt"
 head -n 20 "$OUT/nvidia-smi.txt"
 
 # 1. Training throughput, eager then compiled (fresh processes; img/s after warm-up).
-TP=("$PYTHON" benchmarks/throughput.py --only train --presets "$PRESET" --data "$DATA" --train_batch "$BATCH"
+TP=("$PYTHON" -m benchmarks.throughput --only train --presets "$PRESET" --data "$DATA" --train_batch "$BATCH"
     --mixed_precision "$PRECISION")
 run_section throughput-eager "$TP_SECONDS" "${TP[@]}" --out "$OUT/throughput/eager" \
   --train_kinds train-ours train-conventional train-conventional-bf16 $TP_FLAGS
@@ -141,7 +141,7 @@ if ((COMPILE == 1)); then
 fi
 
 # 2. Peak memory at BATCH.
-run_section memory "$MEMORY_SECONDS" "$PYTHON" benchmarks/throughput.py --only memory --memory_preset "$PRESET" \
+run_section memory "$MEMORY_SECONDS" "$PYTHON" -m benchmarks.throughput --only memory --memory_preset "$PRESET" \
   --memory_batches "$BATCH" --data "$DATA" --out "$OUT/memory"
 
 # 3. uniform vs adaptive: the reference statistics first (cached by content: the evaluations reuse them), then the
@@ -150,7 +150,7 @@ run_section eval-reference "$REF_SECONDS" "$PYTHON" evaluate_fid.py --make_ref -
   --ref_num_images "$REF_IMAGES" --feature_extractor "$FEATURES" $EVAL_FLAGS
 read -ra METHOD_LIST <<< "$METHODS"
 RESERVE=$((${#METHOD_LIST[@]} * (TRAIN_SLACK + EVAL_SECONDS) + 15))
-TRAIN_MINUTES=$($PYTHON benchmarks/gpu_check.py minutes "$(left)" "$MINUTES" "${#METHOD_LIST[@]}" "$RESERVE")
+TRAIN_MINUTES=$($PYTHON -m benchmarks.gpu_check minutes "$(left)" "$MINUTES" "${#METHOD_LIST[@]}" "$RESERVE")
 TRAIN_LIMIT=$($PYTHON -c "print(round($TRAIN_MINUTES * 60) + $TRAIN_SLACK)")
 echo "training: $TRAIN_MINUTES min per method (MINUTES=$MINUTES), $(left)s to the deadline"
 for m in "${METHOD_LIST[@]}"; do
@@ -167,6 +167,6 @@ done
 
 # 4. Report.
 echo "== report ($((SECONDS - START))s since the start)"
-$PYTHON benchmarks/gpu_check.py report "$OUT" "$WORK"
+$PYTHON -m benchmarks.gpu_check report "$OUT" "$WORK"
 echo "gpu_check: $FAILED section(s) failed or ran out of time; $((SECONDS - START))s in all; results in $OUT"
 exit $((FAILED > 0))
