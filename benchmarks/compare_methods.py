@@ -32,7 +32,8 @@ from adaptive.config import PRESETS
 from benchmarks.bench.costs import cost_ratios
 from benchmarks.bench.farm import collect_rows, keep_finished_run, keep_run_logs, pending_jobs, run_all
 from benchmarks.bench.plans import make_plan
-from benchmarks.bench.protocol import LONG_TARGETS, METHODS, PROTOCOL_DATA, PROTOCOL_FEATURES, order, variants
+from benchmarks.bench.protocol import (ABLATIONS, LONG_TARGETS, METHODS, PROTOCOL_DATA, PROTOCOL_FEATURES, order,
+                                       variants)
 from benchmarks.bench.provenance import code_hash, git, machine, model_of, versions
 from benchmarks.bench.quick import quick_setup
 from benchmarks.bench.report import render_stored, write_report
@@ -129,7 +130,8 @@ def table_meta(args, argv, pl, date: str, this_hash: str, rows: list[dict], excl
             "reference": pl.reference, "baselines": pl.baselines, "tuned": pl.tuned,
             "tuned_file": str(args.tuned_file) if args.tuned_file else None, "excluded": excluded,
             "protocol": "shared/benchmark/PROTOCOL.md", "quick": args.quick, "blob_phase": pl.blob_phase,
-            "mixed_precision": args.mixed_precision, "model": model_of(pl.preset, args.extra)}
+            "mixed_precision": args.mixed_precision, "model": model_of(pl.preset, args.extra),
+            "ablation_flags": {n: ABLATIONS[n] for n in pl.methods if n in ABLATIONS}}
 
 
 def main(argv=None) -> int:

@@ -38,7 +38,8 @@ def make_plan(args) -> Plan:
                          f"(PROTOCOL.md; others may be added): {', '.join(left_out)} left out")
     pl.reference = pl.reference or ("uniform-tuned" if pl.tuned else "uniform")
     if pl.table in ("dev", "claim"):  # what the method under test must beat: the other methods, not its own variants
-        pl.baselines = [m for m in pl.methods if m != UNDER_TEST and not m.startswith(f"{UNDER_TEST}-")]
+        pl.baselines = [m for m in pl.methods
+                        if m != UNDER_TEST and not m.startswith(f"{UNDER_TEST}-") and m not in ABLATIONS]
     # PROTOCOL.md 32 px: a calibration that never left the blob phase -> FD at equal steps and each method's exit step
     pl.blob_phase = bool(calibration and in_blob_phase(calibration.get("curve", [])))
     pl.budget, pl.points = budget_and_points(args, pl, calibration)

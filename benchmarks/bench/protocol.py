@@ -63,14 +63,21 @@ _UNIFORM_T = ["--adaptive_proposal", "uniform", "--no-adaptive_stratified"]
 ABLATIONS = {
     "abl-norm-only": [*_UNDER_TEST, "--adaptive_balance", "0", "--adaptive_balance_final", "0",
                       *_UNIFORM_T],  # per-step loss normalisation only: configured objective, i.i.d. uniform t
-    "abl-balance": [*_UNDER_TEST, *_UNIFORM_T],  # + the balance exponent 0.5 -> 0
+    "abl-balance": [*_UNDER_TEST, "--adaptive_balance", "0.5", *_UNIFORM_T],  # + the balance exponent 0.5 -> 0
     "abl-proposal": [*_UNDER_TEST, "--no-adaptive_stratified"],  # + the importance proposal
     # (+ stratified draws = the full method: `adaptive`)
+    # without / with the balance exponent: the default since issue 54's v4 development table / the default before it
+    "abl-balance0": [*_UNDER_TEST, "--adaptive_balance", "0", "--adaptive_balance_final", "0"],
+    "abl-balance0.5": [*_UNDER_TEST, "--adaptive_balance", "0.5", "--adaptive_balance_final", "0"],
     "abl-noclip": [*_UNDER_TEST, "--max_grad_norm", "0"],
     "abl-scale0.1": [*_UNDER_TEST, "--adaptive_loss_scale", "0.1"],
     "abl-scale0.3": [*_UNDER_TEST, "--adaptive_loss_scale", "0.3"],
     "abl-scale1": [*_UNDER_TEST, "--adaptive_loss_scale", "1"],
 }
+# The ablation rows as defined while `adaptive` defaulted to --adaptive_balance 0.5 (tables made then list these).
+ABLATIONS_BEFORE_54 = {n: [f for f in ABLATIONS[n] if n != "abl-balance" or f not in ("--adaptive_balance", "0.5")]
+                       for n in ("abl-norm-only", "abl-balance", "abl-proposal", "abl-noclip", "abl-scale0.1",
+                                 "abl-scale0.3", "abl-scale1")}
 
 # Variants on a tuning result (PROTOCOL.md): name -> (its method, the tuned optimiser settings it takes).
 # `uniform-tuned` is uniform at the tuned lr and beta2; the loss-weighting baselines train at its lr;

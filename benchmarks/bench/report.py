@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from .protocol import ABLATIONS, METHODS, TRANSITION_FD, UNDER_TEST, order
+from .protocol import ABLATIONS_BEFORE_54, METHODS, TRANSITION_FD, UNDER_TEST, order
 
 KINDS = {"tune": "uniform-tuned grid (development seed 0)", "claim": "CLAIM table (frozen method, claim seeds)",
          "dev": "development table", "ablation": f"ablation of {UNDER_TEST} (development seeds)",
@@ -221,8 +221,10 @@ def write_readme(summary: dict, meta: dict, path: Path, budget: int) -> None:
         if meta.get("speedups_at"):  # PROTOCOL.md v4: the steps to the reference's mean FD at B/2, beside the speed-up
             lines += long_lines(meta["speedups_at"], ref)
         if meta.get("table") == "ablation":
+            # the rows' flags as the table ran them (tables before issue 54's default change stored none)
+            flags = meta.get("ablation_flags") or ABLATIONS_BEFORE_54
             lines += ["", f"Rows (flags beyond the default `{UNDER_TEST}`): " + "; ".join(
-                f"`{n}`: `{' '.join(f)}`" for n, f in ABLATIONS.items()) + ". What each part buys: docs/adaptive.md."]
+                f"`{n}`: `{' '.join(f)}`" for n, f in flags.items()) + ". What each part buys: docs/adaptive.md."]
         elif UNDER_TEST in summary:
             lines += ["", f"The bar for `{UNDER_TEST}` (issue: >= 2x against {ref}, best FD at the budget beyond the "
                       "seed spread, <= 2% per step), checked on this table:", "",
