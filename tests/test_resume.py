@@ -23,8 +23,9 @@ from conftest import ROOT, run_cli, tiny_args
 
 pytestmark = pytest.mark.slow
 
-STATEFUL = ["--timestep_sampler", "adaptive", "--adaptive_warmup_steps", "2", "--logging_steps", "1",
-            "--save_images_steps", "none", "--lr_warmup_steps", "2"]
+# --adaptive_balance 0.5: an objective that anneals with the run (the default, 0, has none to carry over)
+STATEFUL = ["--timestep_sampler", "adaptive", "--adaptive_warmup_steps", "2", "--adaptive_balance", "0.5",
+            "--logging_steps", "1", "--save_images_steps", "none", "--lr_warmup_steps", "2"]
 
 
 def same_state(a: Path, b: Path) -> None:

@@ -49,7 +49,7 @@ def train_sampler(sampler, steps: int = 40, batch: int = 512, seed: int = 0):
 IMPORTANCE = ["adaptive", "iddpm", "uniform"]  # m = lambda(t) / (T p_t): unbiased for their declared objective
 
 
-@pytest.mark.parametrize("name, cfg_kw", [(n, {}) for n in IMPORTANCE] + [("adaptive", {"adaptive_balance": 0.0}),
+@pytest.mark.parametrize("name, cfg_kw", [(n, {}) for n in IMPORTANCE] + [("adaptive", {"adaptive_balance": 0.5}),
                                                                           ("adaptive", {"adaptive_stratified": False}),
                                                                           ("adaptive", {"adaptive_loss_scale": 0.1}),
                                                                           ("adaptive",
@@ -250,7 +250,7 @@ def test_adaptive_objective_weights_balance_bins_and_keep_a_unit_loss_scale():
 
 
 def test_adaptive_anneals_from_gradient_balance_to_the_configured_objective():
-    sampler = train_sampler(make("adaptive")[0], steps=60)  # defaults: beta 0.5 -> 0 over the run
+    sampler = train_sampler(make("adaptive", adaptive_balance=0.5)[0], steps=60)  # beta 0.5 -> 0 over the run
     m1 = sampler.m1.clone()
     sampler.set_fraction(0.0)
     lam = sampler.objective_weights()[:: sampler.width]
@@ -306,7 +306,7 @@ def test_adaptive_loss_scale_multiplies_every_weight_and_leaves_the_draws_alone(
 
 
 def test_adaptive_anneal_fraction_reaches_the_final_balance_early_and_stays():
-    sampler = make("adaptive", adaptive_anneal_fraction=0.5)[0]
+    sampler = make("adaptive", adaptive_balance=0.5, adaptive_anneal_fraction=0.5)[0]
     betas = []
     for progress in (0.0, 0.25, 0.5, 0.75, 1.0):
         sampler.set_fraction(progress)

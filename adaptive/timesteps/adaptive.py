@@ -1,9 +1,11 @@
-"""`adaptive` (ours): an online loss-balanced objective, optimised with variance-aware stratified importance sampling.
+"""`adaptive` (ours): the configured objective at a stationary loss scale, optimised with variance-aware stratified
+importance sampling; optionally an online loss-balanced objective (--adaptive_balance > 0).
 
 Statistics (from the per-sample losses gathered from all ranks, identical on every rank, on the device):
   m1_b, m2_b = running means of L and L^2 in timestep bin b (L = the configured objective's per-sample loss).
 Objective (explicit, see docs/adaptive.md):
-  lambda_b = m1_b^-beta / mean_b'(m1_b'^-beta)          (beta = --adaptive_balance; 0 = the configured objective)
+  lambda_b = m1_b^-beta / mean_b'(m1_b'^-beta)          (beta = --adaptive_balance; 0, the default since issue 54's
+                                                         v4 development table, = the configured objective)
   J = (1/T) sum_t lambda_b(t) E[L_t]                     at its fixed point every bin contributes ~equally (beta = 1)
 Loss scale (the only thing Adam is not invariant to, through --max_grad_norm; derivation in docs/adaptive.md):
   the weighted loss is s times the unit-normalised one; s = c / max_k gbar_k, where gbar is the running mean of the
@@ -79,7 +81,7 @@ def check_bins(bins: int, num_timesteps: int) -> None:
 
 @dataclass(frozen=True)
 class AdaptiveOptions:
-    adaptive_balance: float = setting(0.5, "objective weight E[L_t]^-beta at the start (0 = configured, "
+    adaptive_balance: float = setting(0.0, "objective weight E[L_t]^-beta at the start (0 = configured, "
                                            "0.5 = gradient-balanced, 1 = loss-balanced)")
     adaptive_balance_final: Optional[float] = setting(0.0, "beta at the end of the anneal (linear in progress); "
                                                            "None = constant")
@@ -110,7 +112,7 @@ class AdaptiveSampler(TimestepSampler):
     Options = AdaptiveOptions
     needs = frozenset({"fraction", "grad_norm"})  # the balance anneals over the run; the loss scale follows |g|
 
-    def __init__(self, num_timesteps: int, device="cpu", tables=None, *, bins: int = 100, balance: float = 0.5,
+    def __init__(self, num_timesteps: int, device="cpu", tables=None, *, bins: int = 100, balance: float = 0.0,
                  balance_final: Optional[float] = 0.0, anneal_fraction: float = 1.0, weight_floor: float = 0.0,
                  uniform_mix: float = 0.1, ema: float = 0.05, warmup_steps: int = 20, stratified: bool = True,
                  normalize: str = "unit", proposal: str = "loss", proposal_power: float = 1.0,

@@ -29,7 +29,9 @@ from adaptive.timesteps import METHODS as REGISTERED
 
 import train_accelerate
 
-EXTRA_FLAGS = {"adaptive": ["--adaptive_warmup_steps", "5"]}  # past its warm-up within the run
+# past its warm-up within the run; --adaptive_balance 0.5: the default every record was made with (issue 54 set it to
+# 0), pinned like --norm_num_groups below - the guard is for the code, not the defaults
+EXTRA_FLAGS = {"adaptive": ["--adaptive_warmup_steps", "5", "--adaptive_balance", "0.5"]}
 FIRST = ["uniform", "iddpm", "speed", "edm2_uncertainty", "kim2025", "adaptive"]  # the recorded order; new ones after
 METHODS = {  # every registered method (and uniform under the two other objectives)
     "uniform": [],
