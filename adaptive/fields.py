@@ -23,6 +23,11 @@ def setting(default: Any, help: str, *, section: Optional[str] = None, choices: 
     return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v})
 
 
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """The options of a timestep method that has none."""
+
+
 def help_of(f: dataclasses.Field) -> str:
     return f.metadata.get("help", "")
 

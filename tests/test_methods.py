@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
+import sys
+import typing
 
 import pytest
 import torch
@@ -30,6 +33,48 @@ def test_every_registered_method_owns_a_frozen_options_class_with_unique_flag_na
         cfg = TrainConfig.from_dict({"timestep_sampler": name})
         saved = cfg.to_dict()
         assert names <= set(saved) and TrainConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+def test_help_and_config_read_the_methods_without_importing_them_or_torch():
+    """`train_accelerate.py --help`, parsing flags and resolving a config of every built-in method import no torch
+    and no method file: the registry reads their declared options (registry.declared)."""
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['train_accelerate.py', '--help']\n"
+             "try:\n    runpy.run_path('train_accelerate.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "from adaptive.config import TrainConfig\nfrom adaptive.timesteps.registry import declared\n"
+             "for name in declared():\n    TrainConfig.from_dict({'timestep_sampler': name}).to_json()\n"
+             "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('adaptive.timesteps.'))\n"
+             "print('LOADED', loaded, file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "usage: train_accelerate.py" in out.stdout and "timestep method adaptive" in out.stdout
+    assert "LOADED ['adaptive.timesteps.registry']" in out.stderr, out.stderr
+
+
+def test_the_declared_options_are_the_registered_classes_options():
+    """What the configuration reads from a method file is what the imported class has (and every file's method is
+    read, in the registry's order)."""
+    from adaptive.timesteps.registry import declared, option_signature
+
+    assert list(declared()) == list(METHODS)  # METHODS imports them all
+    for name, decl in declared().items():
+        assert option_signature(decl.Options) == option_signature(METHODS[name].Options), name
+        assert typing.get_type_hints(decl.Options) == typing.get_type_hints(METHODS[name].Options), name
+        assert decl.doc and decl.module == METHODS[name].__module__
+
+
+def test_a_method_file_whose_options_are_not_declarative_is_refused_by_name(tmp_path):
+    from adaptive.timesteps.registry import declarations_in
+
+    path = tmp_path / "mine.py"
+    path.write_text("import torch\n\n@dataclass(frozen=True)\nclass MineOptions:\n"
+                    "    mine_k: float = setting(torch.pi, 'k')\n\n\n@register\nclass Mine(TimestepSampler):\n"
+                    "    name = 'mine'\n    Options = MineOptions\n")
+    with pytest.raises(ValueError, match=r"mine.py: MineOptions must use only literals.*'torch'"):
+        declarations_in(path, {})
+    path.write_text(path.read_text().replace("torch.pi", "K").replace("import torch", "K = 2.5"))
+    (_, decl), = declarations_in(path, {})
+    assert decl.name == "mine" and decl.Options().mine_k == 2.5
 
 
 def test_the_loop_names_no_method():

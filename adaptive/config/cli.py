@@ -124,32 +124,27 @@ def add_config_arguments(parser: argparse.ArgumentParser, argv: typing.Optional[
     for f in config_fields().values():
         section = sections(TrainConfig)[f.name]
         group = groups.setdefault(section, parser.add_argument_group(section))
-        metavar = "{" + ",".join(_methods().METHODS) + "}|pkg.module:Class" if f.name == "timestep_sampler" else None
+        metavar = "{" + ",".join(_methods().declared()) + "}|pkg.module:Class" if f.name == "timestep_sampler" else None
         _add_flag(group, f, hints[f.name], help_text(f), CHOICES.get(f.name), metavar)
-    for cls in methods_named(argv):
-        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
-        group = parser.add_argument_group(f"timestep method {cls.name} (--timestep_sampler {method_spec(cls)})",
-                                          " ".join(doc.split()) or None)
-        hints = typing.get_type_hints(cls.Options)
-        for f in fields(cls.Options):
+    for decl in methods_named(argv):
+        group = parser.add_argument_group(f"timestep method {decl.name} (--timestep_sampler {decl.spec})",
+                                          decl.doc or None)
+        hints = typing.get_type_hints(decl.Options)
+        for f in fields(decl.Options):
             _add_flag(group, f, hints[f.name], help_text(f, presets=False), f.metadata.get("choices"))
 
 
-def method_spec(cls) -> str:
-    """What --timestep_sampler takes for a method class: its name, or pkg.module:Class for one not registered."""
-    return cls.name if _methods().METHODS.get(cls.name) is cls else f"{cls.__module__}:{cls.__qualname__}"
-
-
 def methods_named(argv: typing.Optional[list[str]]) -> list:
-    """The registered methods and the `pkg.module:Class` given as --timestep_sampler in `argv` (if any)."""
-    found = list(_methods().METHODS.values())
+    """The built-in methods' declarations and the `pkg.module:Class` given as --timestep_sampler in `argv` (if
+    any)."""
+    found = list(_methods().declared().values())
     for i, arg in enumerate(argv or []):
         value = argv[i + 1] if arg == "--timestep_sampler" and i + 1 < len(argv) else (
             arg.split("=", 1)[1] if arg.startswith("--timestep_sampler=") else None)
-        if value and value not in _methods().METHODS and _methods().EXTERNAL.match(value):
-            cls = _methods().method(value)
-            if cls not in found:
-                found.append(cls)
+        if value and value not in _methods().declared() and _methods().EXTERNAL.match(value):
+            decl = _methods().declaration(value)
+            if decl.spec not in {d.spec for d in found}:
+                found.append(decl)
     return found
 
 
@@ -185,7 +180,7 @@ def resolve_config(args: argparse.Namespace, saved: typing.Optional[dict] = None
         raise ConfigError(f"unknown preset {preset_name!r} (choose from {', '.join(PRESETS)})")
     chosen = getattr(args, "timestep_sampler", None) or saved.get("timestep_sampler") or PRESETS[preset_name].get(
         "timestep_sampler", TrainConfig.timestep_sampler)
-    method = _methods().method(chosen)
+    method = _methods().declaration(chosen)
     saved = current_keys({**saved, "timestep_sampler": chosen})
     options = _methods().option_names(method)
     unknown = sorted(set(saved) - set(config_fields()) - set(options))

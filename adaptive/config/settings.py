@@ -3,8 +3,8 @@ help, section, choices, check, model_key), its JSON round trip, `replace`, and r
 
 Every field is a flag of `train_accelerate.py` with the same name, and so is every option of every timestep method
 (`timestep_options`: the chosen method's `Options`, timesteps/registry.py; flat keys in the saved config, as the
-flags). The timestep methods are imported when first needed (`_methods()`), not with this module: the methods import
-torch (~1 s).
+flags). The registry is imported when first needed (`_methods()`), not with this module; it reads the built-in
+methods' options from their files without importing them (their files import torch, ~1 s).
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..fields import above, setting
 from ..secrets import SECRET_FIELDS
-
-if typing.TYPE_CHECKING:
-    from ..timesteps.base import TimestepSampler
 
 # Values that are never written to disk (config.json, trackers, checkpoints, model cards).
 
@@ -193,7 +190,7 @@ class TrainConfig:
         shared fields) become the method's `Options`."""
         opts = self.timestep_options
         try:
-            method = _methods().method(self.timestep_sampler)
+            method = _methods().declaration(self.timestep_sampler)
         except ConfigError:
             if not _methods().EXTERNAL.match(self.timestep_sampler):
                 raise
@@ -206,8 +203,8 @@ class TrainConfig:
             object.__setattr__(self, "timestep_options", _methods().options_from(method, values))
 
     @property
-    def method(self) -> type[TimestepSampler]:
-        """The class of the configured timestep method."""
+    def method(self) -> type:
+        """The class of the configured timestep method (a timesteps.base.TimestepSampler; its file is imported)."""
         return _methods().method(self.timestep_sampler)
 
     def to_dict(self, include_secrets: bool = False) -> dict:
@@ -235,7 +232,7 @@ class TrainConfig:
         d = current_keys(d)
         spec = d.get("timestep_sampler", cls.timestep_sampler)
         try:
-            options = set(_methods().option_names(_methods().method(spec)))
+            options = set(_methods().option_names(_methods().declaration(spec)))
         except ConfigError:
             if not _methods().EXTERNAL.match(spec):
                 raise
@@ -248,8 +245,9 @@ class TrainConfig:
 
 
 def _methods():
-    """adaptive.timesteps.registry, imported on first use (see the module docstring: it imports torch)."""
-    from ..timesteps import registry  # imports torch: the config and --help load without it
+    """adaptive.timesteps.registry, imported on first use: it reads the method files (no torch; importing them does
+    not happen here, see registry.py)."""
+    from ..timesteps import registry  # the registry sits above the config (it reads methods that read the config)
 
     return registry
 

@@ -1,31 +1,25 @@
-"""Timestep methods: every module of this package but base, registry and report registers one (`@register`), so a
-new method is one file here (docs/architecture.md). `build_sampler(cfg, device, tables)` is what the training set-up
-calls; `registry.method(name)` resolves a `--timestep_sampler` value (a registered name or `pkg.module:Class`).
+"""Timestep methods: every module of this package but base, registry and report declares and registers one
+(`@register`), so a new method is one file here (docs/architecture.md). `build_sampler(cfg, device, tables)` is what
+the training set-up calls; `registry.method(name)` resolves a `--timestep_sampler` value (a registered name or
+`pkg.module:Class`). Importing the package imports no method file and no torch: a method's file is imported when the
+method is built, and `METHODS` (every built-in method class) imports them all when first read.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from ..errors import ConfigError
-from . import uniform  # noqa: F401  (the default method registers first: the first choice in --help)
-from .base import TimestepSampler
-from .registry import METHODS, method
-from .uniform import UniformSampler
+from .registry import load_all, method
 
 if TYPE_CHECKING:
+    import torch
+
     from ..config.settings import TrainConfig
     from ..losses import DiffusionTables
-
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("base", "registry", "report"):
-        importlib.import_module(f"{__name__}.{_module.name}")  # each registers its method
+    from .base import TimestepSampler
 
 
 def build_sampler(cfg: TrainConfig, device: torch.device | str, tables: DiffusionTables) -> TimestepSampler:
@@ -41,6 +35,21 @@ def build_sampler(cfg: TrainConfig, device: torch.device | str, tables: Diffusio
         raise ConfigError(f"--timestep_sampler {cfg.timestep_sampler}: building {cls.__name__} failed: "
                           f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
                           f"({Path(where.filename).name}:{where.lineno})") from None
+
+
+def __getattr__(name: str):
+    """`METHODS` (every built-in method, imported now), `TimestepSampler`, `UniformSampler`: on first use (torch)."""
+    if name == "METHODS":
+        return load_all()
+    if name == "TimestepSampler":
+        from .base import TimestepSampler  # imports torch: the package itself loads without it
+
+        return TimestepSampler
+    if name == "UniformSampler":
+        from .uniform import UniformSampler  # imports torch: the package itself loads without it
+
+        return UniformSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["METHODS", "TimestepSampler", "UniformSampler", "build_sampler", "method"]

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
+from ..fields import NoOptions
+
 if TYPE_CHECKING:
     from ..config.settings import TrainConfig
     from ..losses import DiffusionTables
@@ -67,11 +69,6 @@ class Draw:
         """(t [B], m [B]) of micro-batch i."""
         rows = slice(i * batch_size, (i + 1) * batch_size)
         return self.t[rows], self.m[rows]
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """The options of a method that has none."""
 
 
 def asked(needs, **offered) -> dict:
