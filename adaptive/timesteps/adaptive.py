@@ -112,31 +112,31 @@ class AdaptiveSampler(TimestepSampler):
     Options = AdaptiveOptions
     needs = frozenset({"fraction", "grad_norm"})  # the balance anneals over the run; the loss scale follows |g|
 
-    def __init__(self, num_timesteps: int, device="cpu", tables=None, *, bins: int = 100, balance: float = 0.0,
-                 balance_final: Optional[float] = 0.0, anneal_fraction: float = 1.0, weight_floor: float = 0.0,
-                 uniform_mix: float = 0.1, ema: float = 0.05, warmup_steps: int = 20, stratified: bool = True,
-                 normalize: str = "unit", proposal: str = "loss", proposal_power: float = 1.0,
-                 loss_scale: Optional[float] = None, max_grad_norm: float = 1.0):
-        super().__init__(num_timesteps, device, tables)
-        check_bins(bins, num_timesteps)
-        self.num_bins = bins
-        self.width = num_timesteps // bins
-        self.beta0 = float(balance)
-        self.beta1 = self.beta0 if balance_final is None else float(balance_final)
-        self.anneal = float(anneal_fraction)
-        self.floor = float(weight_floor)
+    def __init__(self, num_timesteps: int, device="cpu", tables=None, options: Optional[AdaptiveOptions] = None, *,
+                 max_grad_norm: float):
+        """`options`: the method's settings (their defaults and meaning: AdaptiveOptions); `max_grad_norm`: the run's
+        clipping threshold, which anchors the loss scale."""
+        super().__init__(num_timesteps, device, tables, options)
+        o = self.options
+        check_bins(o.adaptive_bins, num_timesteps)
+        self.num_bins = o.adaptive_bins
+        self.width = num_timesteps // o.adaptive_bins
+        self.beta0 = float(o.adaptive_balance)
+        self.beta1 = self.beta0 if o.adaptive_balance_final is None else float(o.adaptive_balance_final)
+        self.anneal = float(o.adaptive_anneal_fraction)
+        self.floor = float(o.adaptive_weight_floor)
         self.fraction = 0.0  # share of the run done, given with every draw
-        self.uniform_mix = float(uniform_mix)
-        self.rate = float(ema)
-        self.warmup = int(warmup_steps)
-        self.stratified = bool(stratified)
-        self.normalize = normalize
-        self.proposal_kind = proposal
-        self.proposal_power = float(proposal_power)
+        self.uniform_mix = float(o.adaptive_uniform_mix)
+        self.rate = float(o.adaptive_ema)
+        self.warmup = int(o.adaptive_warmup_steps)
+        self.stratified = bool(o.adaptive_stratified)
+        self.normalize = o.adaptive_normalize
+        self.proposal_kind = o.adaptive_proposal
+        self.proposal_power = float(o.adaptive_proposal_power)
         # The loss scale s: Adam is invariant to it, gradient clipping is not. None = the clip-anchored rule (s from
         # the measured gradient norm, clip_anchored_scale); a number fixes s (the hand-set constant of earlier
         # versions).
-        self.fixed_scale = None if loss_scale is None else float(loss_scale)
+        self.fixed_scale = None if o.adaptive_loss_scale is None else float(o.adaptive_loss_scale)
         self.max_grad_norm = float(max_grad_norm)
         self.scale = torch.ones((), device=self.device)  # s, set at the end of the warm-up (see observe)
         self.unit_norm = torch.zeros((), device=self.device)  # running mean of the gradient norm per unit scale
@@ -150,14 +150,7 @@ class AdaptiveSampler(TimestepSampler):
 
     @classmethod
     def from_options(cls, options: AdaptiveOptions, cfg, device, tables):
-        o = options
-        return cls(cfg.ddpm_num_steps, device, tables, bins=o.adaptive_bins, balance=o.adaptive_balance,
-                   balance_final=o.adaptive_balance_final, anneal_fraction=o.adaptive_anneal_fraction,
-                   weight_floor=o.adaptive_weight_floor, uniform_mix=o.adaptive_uniform_mix, ema=o.adaptive_ema,
-                   warmup_steps=o.adaptive_warmup_steps, stratified=o.adaptive_stratified,
-                   normalize=o.adaptive_normalize, proposal=o.adaptive_proposal,
-                   proposal_power=o.adaptive_proposal_power, loss_scale=o.adaptive_loss_scale,
-                   max_grad_norm=cfg.max_grad_norm)
+        return cls(cfg.ddpm_num_steps, device, tables, options, max_grad_norm=cfg.max_grad_norm)
 
     @classmethod
     def check_options(cls, options: AdaptiveOptions, cfg) -> None:
@@ -211,17 +204,17 @@ class AdaptiveSampler(TimestepSampler):
         return lam[b] / (self.num_bins * p[b])
 
     def draw(self, request):
+        """Bins for the whole global batch (stratified, or i.i.d. from p), t uniform within its bin; this rank's
+        rows."""
         self.set_fraction(request.fraction)
-        return super().draw(request)
-
-    def sample(self, batch_size, generator):
         _, p = self._tables()
+        g, size = request.generator, request.global_batch
         if self.stratified:
-            b = stratified_bins(p, batch_size, generator)
+            b = stratified_bins(p, size, g)
         else:
-            b = torch.multinomial(p.to(generator.device), batch_size, replacement=True, generator=generator)
-        t = b * self.width + torch.randint(0, self.width, (batch_size,), generator=generator, device=generator.device)
-        return t, self.weight_of(t.to(self.device)).to(generator.device)
+            b = torch.multinomial(p.to(g.device), size, replacement=True, generator=g)
+        t = b * self.width + torch.randint(0, self.width, (size,), generator=g, device=g.device)
+        return request.rows(t, self.weight_of(t.to(self.device)).to(g.device))
 
     # -- learning ------------------------------------------------------------------------------------------------
     @torch.no_grad()

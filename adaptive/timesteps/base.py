@@ -2,9 +2,10 @@
 
 Per optimizer step the loop makes at most three calls, in this order, on every rank:
   draw(request) -> Draw(t [A*B], m [A*B], context)   this rank's timesteps and loss multipliers for its A micro-batches
-                                                      (micro-batch i = rows i*B:(i+1)*B); by default its slices of one
-                                                      draw for the whole global batch from the step generator
-                                                      (identical on every rank), `sample(G, generator)`
+                                                      (micro-batch i = rows i*B:(i+1)*B); by default its rows
+                                                      (`request.rows`) of one draw from `probabilities()` for the
+                                                      whole global batch from the step generator (identical on
+                                                      every rank)
   ... the model minimises mean(m * L), L = w(t) MSE_t the configured objective's per-sample loss ...
   with around_update(model, accelerator, draw):       the optimizer update runs inside (methods that measure the model
                                                       before and after it, kim2025); every rank enters it
@@ -54,6 +55,10 @@ class DrawRequest:
     step: Optional[int] = None  # optimizer step
     fraction: Optional[float] = None  # share of the run done (steps, or the spent wall-clock budget)
     batch: Optional[Sequence[torch.Tensor]] = None  # this rank's micro-batches x0 [B, 3, S, S] in [-1, 1]
+
+    def rows(self, t: torch.Tensor, m: torch.Tensor, context: Any = None) -> Draw:
+        """This rank's Draw from a draw for the whole global batch (t, m [G]): its micro-batches' rows."""
+        return Draw(torch.cat([t[sl] for sl in self.slices]), torch.cat([m[sl] for sl in self.slices]), context)
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,11 @@ def bin_mean(values: torch.Tensor, bins: int = DIAGNOSTIC_BINS) -> torch.Tensor:
 
 
 class TimestepSampler:
-    """Base class: draws t from `probabilities()` with multipliers 1/(T p_t), which keep E[m L] unbiased."""
+    """Base class: draws t from `probabilities()` with multipliers 1/(T p_t), which keep E[m L] unbiased.
+
+    Drawing has one override point, `draw`: a method that only changes p(t) overrides `probabilities` (and
+    `weight_of`, if its multiplier is not 1/(T p_t)); a method that draws differently overrides `draw`.
+    `probabilities` and `weight_of` also describe the method to its diagnostics and tests."""
 
     name = "base"
     changes_objective = False  # True for methods that deliberately optimise another objective than the configured one
@@ -115,16 +124,18 @@ class TimestepSampler:
     Options: type = NoOptions  # its settings: a frozen dataclass of fields.setting(...), flags of the same names
 
     def __init__(self, num_timesteps: int, device: torch.device | str = "cpu",
-                 tables: Optional[DiffusionTables] = None):
+                 tables: Optional[DiffusionTables] = None, options: Any = None):
         self.num_timesteps = num_timesteps
         self.device = torch.device(device)
         self.tables = tables  # DiffusionTables (snr, objective weight per t) or None
+        self.options = self.Options() if options is None else options  # its settings; defaults only in Options
 
     @classmethod
     def from_options(cls, options, cfg: TrainConfig, device: torch.device | str,
                      tables: DiffusionTables) -> TimestepSampler:
-        """The method with its options (`cls.Options`) and the run's settings (`cfg`)."""
-        return cls(cfg.ddpm_num_steps, device, tables)
+        """The method with its options (`cls.Options`) and the run's settings (`cfg`); a method that needs some of
+        the run's settings (steps, resolution, clipping) overrides this and passes them to its `__init__`."""
+        return cls(cfg.ddpm_num_steps, device, tables, options)
 
     @classmethod
     def check_options(cls, options, cfg: TrainConfig) -> None:
@@ -140,19 +151,15 @@ class TimestepSampler:
         return torch.ones(self.num_timesteps, device=self.device)
 
     def weight_of(self, t: torch.Tensor) -> torch.Tensor:
-        """The loss multiplier m that `sample` returns with timestep t: 1 / (T p_t) for unbiased samplers."""
+        """The loss multiplier m that a draw returns with timestep t: 1 / (T p_t) for unbiased samplers."""
         return importance_weights(self.probabilities(), t)
 
-    def sample(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(t long [G], m float [G]) for the global batch, on the generator's device."""
-        p = self.probabilities()
-        t = torch.multinomial(p.to(generator.device), batch_size, replacement=True, generator=generator)
-        return t, self.weight_of(t.to(self.device)).to(generator.device)
-
     def draw(self, request: DrawRequest) -> Draw:
-        """This rank's rows of one global draw (`sample`)."""
-        t, m = self.sample(request.global_batch, request.generator)
-        return Draw(torch.cat([t[sl] for sl in request.slices]), torch.cat([m[sl] for sl in request.slices]))
+        """This rank's t and m (the one override point for drawing). Default: one i.i.d. draw t ~ p for the whole
+        global batch from the step generator (identical on every rank), m = weight_of(t); this rank's rows."""
+        g = request.generator
+        t = torch.multinomial(self.probabilities().to(g.device), request.global_batch, replacement=True, generator=g)
+        return request.rows(t, self.weight_of(t.to(self.device)).to(g.device))
 
     # -- learning ------------------------------------------------------------------------------------------------
     def observe(self, t: torch.Tensor, loss: torch.Tensor, grad_norm: Optional[torch.Tensor] = None) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..fields import above, setting
-from .base import bin_mean
+from .base import Draw, bin_mean
 from .registry import register
 from .uniform import UniformSampler
 
@@ -41,22 +41,18 @@ class EDM2UncertaintySampler(UniformSampler):
     tracks_by_default = True
     num_bins = 50  # u is piecewise constant over 50 equal-width timestep bins (EDM2: a smooth MLP of log sigma)
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, *, lr: float = 1e-2):
-        super().__init__(num_timesteps, device, tables)
+    def __init__(self, num_timesteps, device="cpu", tables=None, options=None):
+        super().__init__(num_timesteps, device, tables, options)
         # log-variance per bin; EDM2 starts at 0
         self.u = torch.zeros(self.num_bins, device=self.device, requires_grad=True)
-        self.opt = torch.optim.Adam([self.u], lr=lr, betas=(0.9, 0.99), eps=1e-8)
-
-    @classmethod
-    def from_options(cls, options: EDM2Options, cfg, device, tables):
-        return cls(cfg.ddpm_num_steps, device, tables, lr=options.uncertainty_lr)
+        self.opt = torch.optim.Adam([self.u], lr=self.options.uncertainty_lr, betas=(0.9, 0.99), eps=1e-8)
 
     def bins(self, t: torch.Tensor) -> torch.Tensor:
         return t * self.num_bins // self.num_timesteps
 
-    def sample(self, batch_size, generator):
-        t, ones = super().sample(batch_size, generator)
-        return t, ones * torch.exp(-self.u.detach()[self.bins(t.to(self.device))]).to(generator.device)
+    def draw(self, request):
+        d = super().draw(request)
+        return Draw(d.t, d.m * torch.exp(-self.u.detach()[self.bins(d.t.to(self.device))]).to(d.m.device))
 
     @torch.no_grad()
     def observe(self, t, loss, grad_norm=None):

@@ -29,8 +29,8 @@ class IDDPMSampler(TimestepSampler):
     history_len = 10
     uniform_prob = 0.001
 
-    def __init__(self, num_timesteps, device="cpu", tables=None):
-        super().__init__(num_timesteps, device, tables)
+    def __init__(self, num_timesteps, device="cpu", tables=None, options=None):
+        super().__init__(num_timesteps, device, tables, options)
         self.history = torch.zeros(num_timesteps, self.history_len, device=self.device)  # ring buffers [T, 10]
         self.counts = torch.zeros(num_timesteps, dtype=torch.long, device=self.device)  # entries written per t
         self.warm = False  # every t has a full history; checked every 10 observations (a host sync), then fixed

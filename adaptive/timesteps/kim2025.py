@@ -120,8 +120,8 @@ class Kim2025Sampler(TimestepSampler):
     needs = frozenset({"step", "batch"})  # t is drawn from each sample's x0; the policy learns every 40 steps
     update_period = UPDATE_EVERY
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, *, resolution: int = 32, seed: int = 0):
-        super().__init__(num_timesteps, device, tables)
+    def __init__(self, num_timesteps, device="cpu", tables=None, options=None, *, resolution: int, seed: int):
+        super().__init__(num_timesteps, device, tables, options)
         self.resolution, self.seed = resolution, seed
         self.policy = BetaPolicy(self.resolution).to(self.device)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=POLICY_LR)
@@ -137,7 +137,7 @@ class Kim2025Sampler(TimestepSampler):
 
     @classmethod
     def from_options(cls, options, cfg, device, tables):
-        return cls(cfg.ddpm_num_steps, device, tables, resolution=cfg.resolution, seed=cfg.seed)
+        return cls(cfg.ddpm_num_steps, device, tables, options, resolution=cfg.resolution, seed=cfg.seed)
 
     # -- drawing -------------------------------------------------------------------------------------------------
     @staticmethod

@@ -79,28 +79,27 @@ class SpeeDSampler(TimestepSampler):
     Options = SpeeDOptions
     changes_objective = True  # no 1/p correction: the sampling distribution is part of the objective
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, *, k: float = 5.0, lam: float = 0.6,
-                 per_device: Optional[int] = None):
-        super().__init__(num_timesteps, device, tables)
-        self.k, self.lam, self.per_device = k, lam, per_device
+    def __init__(self, num_timesteps, device="cpu", tables=None, options=None, *, per_device: Optional[int] = None):
+        super().__init__(num_timesteps, device, tables, options)
+        self.k, self.lam, self.per_device = self.options.speed_k, self.options.speed_lambda, per_device
         self.m, self.tau, mm = speed_constants(tables.alphas_cumprod)
         self.p = speed_probabilities(num_timesteps, self.tau, self.k).float().to(self.device)
         self.w = speed_weights(mm, self.tau, self.lam).float().to(self.device)
 
     @classmethod
     def from_options(cls, options: SpeeDOptions, cfg, device, tables):
-        return cls(cfg.ddpm_num_steps, device, tables, k=options.speed_k, lam=options.speed_lambda,
-                   per_device=cfg.train_batch_size)
+        return cls(cfg.ddpm_num_steps, device, tables, options, per_device=cfg.train_batch_size)
 
     def _chunk(self, n: int, generator: torch.Generator) -> torch.Tensor:
         t0 = torch.multinomial(self.p.to(generator.device), n // 2 + 1, replacement=True, generator=generator)
         return dual_timesteps(t0, self.m, n)
 
-    def sample(self, batch_size, generator):
-        n = self.per_device or batch_size
-        chunks = [self._chunk(min(n, batch_size - s), generator) for s in range(0, batch_size, n)]
-        t = torch.cat(chunks)
-        return t, self.w[t.to(self.device)].to(generator.device)
+    def draw(self, request):
+        """Dual sampling per device batch of the global draw (its chunks of per_device rows)."""
+        g, size = request.generator, request.global_batch
+        n = self.per_device or size
+        t = torch.cat([self._chunk(min(n, size - s), g) for s in range(0, size, n)])
+        return request.rows(t, self.w[t.to(self.device)].to(g.device))
 
     def weight_of(self, t):
         return self.w[t]

@@ -18,6 +18,7 @@ class UniformSampler(TimestepSampler):
     def weight_of(self, t):
         return torch.ones(t.shape, device=self.device)
 
-    def sample(self, batch_size, generator):
-        t = torch.randint(0, self.num_timesteps, (batch_size,), generator=generator, device=generator.device)
-        return t, self.weight_of(t).to(generator.device)
+    def draw(self, request):
+        g = request.generator
+        t = torch.randint(0, self.num_timesteps, (request.global_batch,), generator=g, device=g.device)
+        return request.rows(t, self.weight_of(t).to(g.device))

@@ -11,6 +11,7 @@ from adaptive.losses import DiffusionTables
 from adaptive.loop import gather_global_batch
 from adaptive.model import build_noise_scheduler
 from adaptive.timesteps import build_sampler
+from adaptive.timesteps.base import DrawRequest
 
 acc = Accelerator(cpu=True)
 rank, world = acc.process_index, acc.num_processes
@@ -23,7 +24,9 @@ for name in ("adaptive", "iddpm", "edm2_uncertainty"):
     sampler = build_sampler(cfg, "cpu", tables)
     noise = torch.Generator().manual_seed(100 + rank)  # every rank sees different losses
     for step in range(30):
-        t_all, _ = sampler.sample(layout.global_batch, torch.Generator().manual_seed(step))
+        everything = slice(0, layout.global_batch)  # the whole global draw, as every rank's rows come from it
+        request = DrawRequest(layout.global_batch, (everything,), torch.Generator().manual_seed(step), fraction=0.0)
+        t_all = sampler.draw(request).t
         local_t, local_loss = [], []
         for micro in range(layout.accum):
             t = t_all[layout.slice(micro, rank)]

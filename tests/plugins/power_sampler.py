@@ -25,14 +25,10 @@ class PowerSampler(TimestepSampler):
     name = "power"
     Options = PowerOptions
 
-    def __init__(self, num_timesteps, device="cpu", tables=None, *, exponent: float = 0.5):
-        super().__init__(num_timesteps, device, tables)
-        p = (torch.arange(num_timesteps, device=self.device) + 1.0) ** -exponent
+    def __init__(self, num_timesteps, device="cpu", tables=None, options=None):
+        super().__init__(num_timesteps, device, tables, options)  # self.options: PowerOptions, the flags' values
+        p = (torch.arange(num_timesteps, device=self.device) + 1.0) ** -self.options.power_exponent
         self.p = p / p.sum()
-
-    @classmethod
-    def from_options(cls, options: PowerOptions, cfg, device, tables):
-        return cls(cfg.ddpm_num_steps, device, tables, exponent=options.power_exponent)
 
     def probabilities(self):
         return self.p
