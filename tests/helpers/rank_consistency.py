@@ -10,14 +10,15 @@ from adaptive.data import Layout
 from adaptive.losses import DiffusionTables
 from adaptive.loop import gather_global_batch
 from adaptive.model import build_noise_scheduler
-from adaptive.timesteps import build_sampler
+from adaptive.timesteps import METHODS, build_sampler
 from adaptive.timesteps.base import DrawRequest
 
 acc = Accelerator(cpu=True)
 rank, world = acc.process_index, acc.num_processes
 assert world == 2, world
 layout = Layout(batch_size=8, world_size=world, accum=2)
-for name in ("adaptive", "iddpm", "edm2_uncertainty"):
+# every registered method that draws one global batch (kim2025 draws each image's t from its x0, on its own rank)
+for name in [n for n, cls in METHODS.items() if "batch" not in cls.needs]:
     cfg = TrainConfig.from_dict({**PRESETS["cpu-tiny16"], "timestep_sampler": name,
                                  **({"adaptive_warmup_steps": 2} if name == "adaptive" else {})})
     tables = DiffusionTables.build(build_noise_scheduler(cfg).alphas_cumprod, cfg, "cpu")
@@ -36,7 +37,8 @@ for name in ("adaptive", "iddpm", "edm2_uncertainty"):
         assert torch.equal(t_g, t_all)
         assert torch.allclose(loss_g - t_all.float() / 1000, torch.zeros(()), atol=0.0101)  # same order as the draw
         sampler.observe(t_g, loss_g)
-    flat = torch.cat([v.flatten().float() for v in sampler.state_dict().values() if isinstance(v, torch.Tensor)])
+    flat = torch.cat([v.flatten().float() for v in sampler.state_dict().values() if isinstance(v, torch.Tensor)]
+                     or [torch.zeros(0)])  # a stateless method (uniform, speed): its draws were compared above
     everyone = acc.gather(flat[None])
     assert torch.equal(everyone[0], everyone[1]), name
     print(f"rank {rank}: {name} state identical across ranks ({flat.numel()} values)")
