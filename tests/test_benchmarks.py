@@ -205,6 +205,10 @@ def test_claim_seeds_are_refused_outside_a_claim_table(tmp_path):
     # every ablation row is `adaptive` with parts switched off, and shares adaptive's measured cost ratio
     assert all(variants()[n][0] == "adaptive" and "adaptive" in variants()[n][1] for n in ABLATIONS)
     assert ["--adaptive_proposal", "uniform", "--no-adaptive_stratified"] == ABLATIONS["abl-norm-only"][-3:]
+    # a dev table with an ablation row beside the method: the row is the method's variant, not a baseline it must beat
+    side = make_plan(parse_args(["--tuned", str(tuned), "--methods", "uniform-tuned", "adaptive", "abl-balance0.5",
+                                 "--seeds", "0"]))
+    assert side.baselines == ["uniform-tuned"]
 
 
 def test_a_claim_table_runs_the_protocol_s_methods_at_each_resolution(tmp_path, monkeypatch):

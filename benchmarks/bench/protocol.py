@@ -66,8 +66,8 @@ ABLATIONS = {
     "abl-balance": [*_UNDER_TEST, "--adaptive_balance", "0.5", *_UNIFORM_T],  # + the balance exponent 0.5 -> 0
     "abl-proposal": [*_UNDER_TEST, "--no-adaptive_stratified"],  # + the importance proposal
     # (+ stratified draws = the full method: `adaptive`)
-    # without / with the balance exponent: the default since issue 54's v4 development table / the default before it
-    "abl-balance0": [*_UNDER_TEST, "--adaptive_balance", "0", "--adaptive_balance_final", "0"],
+    # + the balance exponent 0.5 -> 0 on the full method: the default before issue 54's v4 freeze (the balance-free
+    # default was the row `abl-balance0` of docs/benchmarks/methods/2026-12-07-dev16-v4-balance0, made at d74a358)
     "abl-balance0.5": [*_UNDER_TEST, "--adaptive_balance", "0.5", "--adaptive_balance_final", "0"],
     "abl-noclip": [*_UNDER_TEST, "--max_grad_norm", "0"],
     "abl-scale0.1": [*_UNDER_TEST, "--adaptive_loss_scale", "0.1"],
