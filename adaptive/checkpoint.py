@@ -365,8 +365,9 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, config: dict, tota
 def rotate(output_dir: Path, keep: Optional[int], protect: Optional[int] = None) -> None:
     """Delete stale temporary folders (a write that was killed or failed) and the oldest complete checkpoints beyond
     `keep` (None: keep all), except the newest one at or before step `protect` (the last before a blow-up:
-    session.LossRange) and the newest one not written out of the loss's range (OUT_OF_RANGE). Called after every checkpoint and once at the start of a run (main process, which holds the
-    output folder's lock, so no other writer's temporary folder is live)."""
+    session.LossRange) and the newest one not written out of the loss's range (OUT_OF_RANGE). Called after every
+    checkpoint and once at the start of a run (main process, which holds the output folder's lock, so no other
+    writer's temporary folder is live)."""
     for stale in Path(output_dir).glob(".checkpoint-*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
     if keep is None:

@@ -4,9 +4,9 @@ Exit status of train_accelerate.py: 0 done or stopped by a signal / the budget (
 (nothing touched), 3 the final Hub upload failed (adaptive/hub.py), 4 training diverged (a non-finite loss, gradient
 norm or weights; nothing saved from them), 5 the disk is full (the partial write removed, the previous checkpoint
 intact), 6 this rank lost a peer (it ended, or stopped for longer than --ddp_timeout_minutes), 7 a launch that did not
-form one process group or asked for GPUs on a host without one; 128 + the signal number: stopped during a Hub download (adaptive/hub_wait.py), nothing
-written. Every rank raises the same fault at the same point (`agree`), and only the launcher's rank 0
-prints it; a lost peer is reported by the rank that saw it.
+form one process group or asked for GPUs on a host without one; 128 + the signal number: stopped during a Hub
+download (adaptive/hub_wait.py), nothing written. Every rank raises the same fault at the same point (`agree`), and
+only the launcher's rank 0 prints it; a lost peer is reported by the rank that saw it.
 """
 
 from __future__ import annotations

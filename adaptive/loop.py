@@ -102,9 +102,9 @@ def train(cfg: TrainConfig, control: Optional[StopControl] = None) -> dict:
     log = main_process_logger()
     control = control or StopControl()
 
-    # Check the launch (GPUs asked for and present), the model flags, the output folder, the data source and (main process) the Hub token and repo before
-    # anything starts (bad input: one line, nothing touched; a replaced run is cleared only right before training,
-    # in start_session).
+    # Check the launch (GPUs asked for and present), the model flags, the output folder, the data source and (main
+    # process) the Hub token and repo before anything starts (bad input: one line, nothing touched; a replaced run is
+    # cleared only right before training, in start_session).
     check_launch()
     check_buildable(cfg)
     resume_from = check_output_dir(cfg, log)

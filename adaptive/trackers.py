@@ -66,7 +66,8 @@ def bin_lists(record: dict) -> dict[str, list[float]]:
     """The per-timestep-bin diagnostics of a log record (loss_by_t, p_by_t, ...; p_heatmap is the heat-map's), a bin
     not measured yet (None) as 0."""
     return {k: [0.0 if x is None else x for x in v] for k, v in record.items()
-            if isinstance(v, list) and k != "p_heatmap" and v and all(x is None or isinstance(x, (int, float)) for x in v)}
+            if isinstance(v, list) and k != "p_heatmap" and v
+            and all(x is None or isinstance(x, (int, float)) for x in v)}
 
 
 def log_bins(accelerator, record: dict, step: int, num_timesteps: int) -> None:
