@@ -746,6 +746,21 @@ def test_committed_tables_re_render_byte_identically_from_their_results(tmp_path
     assert (tmp_path / "fd_vs_time.png").stat().st_size > 1000
 
 
+def test_an_ablation_table_lists_the_flags_its_rows_ran_with(tmp_path):
+    """Rows' flags come from the table's results.json (they change when the method's defaults do); tables made before
+    the freeze of issue 54 stored none and list the rows of their day."""
+    src = METHOD_TABLES / "2026-12-01-ablation" / "results.json"
+    if not src.is_file():
+        pytest.skip(f"{src} is not in this checkout")
+    results = json.loads(src.read_text())
+    results["ablation_flags"] = {"abl-balance": ["--timestep_sampler", "adaptive", "--adaptive_balance", "0.5"]}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    render_stored(tmp_path)
+    rows_line = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("Rows ("))
+    assert rows_line == ("Rows (flags beyond the default `adaptive`): `abl-balance`: `--timestep_sampler adaptive "
+                         "--adaptive_balance 0.5`. What each part buys: docs/adaptive.md.")
+
+
 def test_report_only_re_renders_a_table_of_other_code_and_keeps_its_results(tmp_path):
     """--report_only on a committed table (its runs measured with other code): README.md as committed, results.json
     untouched - not a table emptied of its rows."""
