@@ -1,10 +1,12 @@
 """The import graph of adaptive/ has no cycle: every `import` of the package's own modules (function-local ones
 too; `if TYPE_CHECKING:` blocks excluded, they never run), read from the source. And no import of the project's own
-modules hides inside a function (adaptive/ and the four CLIs) without a comment on its line saying why."""
+modules hides inside a function (adaptive/ and the four CLIs) without a comment on its line saying why. And
+docs/architecture.md's layer table places every module, with no import from a lower layer to a higher one."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import ROOT
@@ -110,3 +112,30 @@ def test_no_function_local_import_of_the_project_without_a_reason():
 def test_the_hidden_import_check_finds_one(tmp_path):
     (tmp_path / "m.py").write_text("def f():\n    from .hub import x\n    from adaptive import y  # why\n")
     assert hidden_imports(tmp_path / "m.py") == [2]
+
+
+def documented_layers() -> dict[str, int]:
+    """docs/architecture.md's layer table: module (`x.py`, or a package `x/`) -> its layer, 1 = the lowest row."""
+    rows = [line for line in (ROOT / "docs" / "architecture.md").read_text().split("## The modules")[0].splitlines()
+            if line.startswith("| ") and "`" in line]
+    out: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        for name in re.findall(r"`([\w/]+\.py|\w+/)`", row.split("|")[2]):
+            out.setdefault(name, len(rows) - i)  # a row's first mention places a module (later ones are remarks)
+    return out
+
+
+def test_the_documented_layers_hold_every_module_and_no_import_goes_up():
+    layers = documented_layers()
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+    def layer_of(module: str):
+        rel = module.removeprefix("adaptive.")
+        top = rel.split(".")[0]
+        return layers.get(f"{top}/") if f"{top}/" in layers else layers.get(rel.replace(".", "/") + ".py")
+
+    unplaced = sorted(m for m in paths if m != "adaptive" and layer_of(m) is None)
+    assert not unplaced, f"modules missing from docs/architecture.md's layer table: {unplaced}"
+    up = [f"{m} -> {d}" for m, p in paths.items() if m != "adaptive"
+          for d in imports(p, set(paths)) if d.startswith("adaptive.") and layer_of(d) > layer_of(m)]
+    assert not up, f"imports from a lower layer to a higher one (docs/architecture.md): {up}"
