@@ -136,14 +136,17 @@ def test_two_processes_write_the_same_images_as_one(model_path, batch4, tmp_path
 
 
 @pytest.mark.slow
-def test_compiled_sampling_gives_the_eager_images(model_path, batch4, tmp_path, monkeypatch):
+def test_compiled_sampling_gives_the_eager_images(model_path, batch4, tmp_path):
     # sample.py --compile: inductor with frozen weights; same images up to float rounding of fused kernels
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "freezing", False)  # restored after the test
     out = tmp_path / "compiled"
-    assert _sample(model_path, out, "--num_images", 8, "--batch_size", 4, "--compile") == 0  # one batch shape
-    assert inductor_config.freezing
+    # restored after the test by torch's own config patch: monkeypatch's undo would delete the key from inductor's
+    # config module, and every later torch.compile in this process would fail on it
+    with inductor_config.patch(freezing=False):
+        assert _sample(model_path, out, "--num_images", 8, "--batch_size", 4, "--compile") == 0  # one batch shape
+        assert inductor_config.freezing
+    assert not inductor_config.freezing
     eager, compiled = np.stack(list(_pngs(batch4).values())[:8]), np.stack(list(_pngs(out).values()))
     diff = np.abs(eager.astype(int) - compiled.astype(int))
     assert diff.max() <= 2 and diff.mean() < 0.05, (diff.max(), diff.mean())
