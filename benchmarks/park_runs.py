@@ -64,7 +64,14 @@ def parent_benchmark(pid: int) -> int | None:
         cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError, IndexError):
         return None
-    return ppid if any(a.endswith(b"compare_methods.py") for a in cmdline) else None
+    return ppid if is_benchmark_driver(cmdline) else None
+
+
+def is_benchmark_driver(cmdline: list[bytes]) -> bool:
+    """A compare_methods command line: by path, or as a module (`python -m benchmarks.compare_methods`, the form of
+    a pinned worktree)."""
+    return any(a.endswith(b"compare_methods.py") for a in cmdline) or any(
+        a == b"-m" and b == b"benchmarks.compare_methods" for a, b in zip(cmdline, cmdline[1:]))
 
 
 def stop(runs: list[Path], timeout: float, log) -> list[Path]:

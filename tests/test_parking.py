@@ -135,6 +135,15 @@ def test_running_runs_are_stopped_through_their_preemption_path_and_their_driver
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def test_the_driver_is_found_by_path_and_as_a_module():
+    from benchmarks.park_runs import is_benchmark_driver
+
+    assert is_benchmark_driver([b"python", b"benchmarks/compare_methods.py", b"--claim"])
+    assert is_benchmark_driver([b"/venv/bin/python", b"-m", b"benchmarks.compare_methods", b"--claim"])
+    assert not is_benchmark_driver([b"python", b"-m", b"benchmarks.park_runs", b"benchmarks/compare_methods"])
+    assert not is_benchmark_driver([b"python", b"train_accelerate.py", b"--output_dir", b"x"])
+
+
 def test_staging_adds_the_ignored_run_folder_but_not_its_lock(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
