@@ -479,34 +479,44 @@ def test_gpu_check_report_reads_every_section_and_names_what_is_missing(tmp_path
     assert "WARNING: GENERATED INPUTS - 64 generated images" in gc.readme(gc.summarize(out, tmp_path / "work"))
 
 
-@pytest.mark.slow
-def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
-    """benchmarks/gpu_check.sh as a GPU session runs it, at toy size on the CPU with generated stand-ins for the shared
-    data and feature network: every section writes its results, the training runs stop on their wall-clock budget
-    and both methods are evaluated; bad settings stop it before anything is written."""
+def gpu_check_env(tmp_path) -> dict:
+    """benchmarks/gpu_check.sh's environment at toy size on the CPU, with generated stand-ins for the shared data and
+    feature network (SHARED points nowhere)."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "OMP_NUM_THREADS": "1",
+            "SHARED": str(tmp_path / "no-shared"), "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
+            "PRESET": "cpu-tiny16", "BATCH": "4", "TP_FLAGS": "--rounds 1 --warmup 1 --windows 1 --window_steps 1",
+            "COMPILE": "0", "MINUTES": "0.05", "EVAL_IMAGES": "64", "SAMPLE_STEPS": "5", "REF_IMAGES": "64",
+            "TOTAL_SECONDS": "1200", "TP_SECONDS": "400", "MEMORY_SECONDS": "400", "REF_SECONDS": "300",
+            "TRAIN_SLACK": "300", "EVAL_SECONDS": "300", "EVAL_FLAGS": f"--cache_dir {tmp_path / 'cache'}"}
+
+
+def run_gpu_check(env: dict, **extra):
     import subprocess
 
     from conftest import ROOT
 
-    out, work = tmp_path / "out", tmp_path / "work"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "OMP_NUM_THREADS": "1",
-           "SHARED": str(tmp_path / "no-shared"), "OUT": str(out), "WORK": str(work), "PRESET": "cpu-tiny16",
-           "BATCH": "4", "TP_FLAGS": "--rounds 1 --warmup 1 --windows 1 --window_steps 1", "COMPILE": "0",
-           "MINUTES": "0.05", "EVAL_IMAGES": "64", "SAMPLE_STEPS": "5", "REF_IMAGES": "64", "TOTAL_SECONDS": "1200",
-           "TP_SECONDS": "400", "MEMORY_SECONDS": "400", "REF_SECONDS": "300", "TRAIN_SLACK": "300",
-           "EVAL_SECONDS": "300", "EVAL_FLAGS": f"--cache_dir {tmp_path / 'cache'}"}
+    return subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env={**env, **extra}, capture_output=True,
+                          text=True, timeout=1200)
 
-    def run(**extra):
-        return subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env={**env, **extra}, capture_output=True,
-                              text=True, timeout=1200)
 
+def test_gpu_check_script_refuses_bad_settings_before_writing(tmp_path):
+    """Bad settings stop benchmarks/gpu_check.sh with one line and status 2 before anything is written."""
+    env = gpu_check_env(tmp_path)
     for bad, message in (({"BATCH": "0"}, "BATCH must be a positive integer"), ({"PRESET": "nope"}, "PRESET 'nope'"),
                          ({"DATA": str(tmp_path / "missing.zip")}, "missing.zip does not exist")):
-        proc = run(**bad)
+        proc = run_gpu_check(env, **bad)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1
-        assert not out.exists()
-    proc = run()
+        assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
+
+
+@pytest.mark.slow
+def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
+    """benchmarks/gpu_check.sh as a GPU session runs it, at toy size on the CPU with generated stand-ins for the shared
+    data and feature network: every section writes its results, the training runs stop on their wall-clock budget
+    and both methods are evaluated; past its deadline every section is skipped and says so."""
+    env, out, work = gpu_check_env(tmp_path), tmp_path / "out", tmp_path / "work"
+    proc = run_gpu_check(env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert "GENERATED stand-ins" in proc.stdout
     sections = [json.loads(l) for l in (out / "sections.jsonl").read_text().splitlines()]
@@ -539,8 +549,8 @@ def test_gpu_check_script_runs_every_section_on_a_cpu_at_toy_size(tmp_path):
     assert (out / "log.txt").exists() and (out / "throughput" / "eager" / "results.json").exists()
     # past the deadline every section is skipped and named so, and the exit status says so; the same OUT and WORK
     # again: nothing of the first run stands in for what was not measured this time
-    late = run(TOTAL_SECONDS="1", DATA=str(work / "generated" / "images"),
-               FEATURES=str(work / "generated" / "toy-features.pt"))
+    late = run_gpu_check(env, TOTAL_SECONDS="1", DATA=str(work / "generated" / "images"),
+                        FEATURES=str(work / "generated" / "toy-features.pt"))
     assert late.returncode == 1 and "skipped, the deadline has passed" in late.stdout
     assert {json.loads(l)["rc"] for l in (out / "sections.jsonl").read_text().splitlines()} == {124}
     summary = json.loads((out / "summary.json").read_text())
