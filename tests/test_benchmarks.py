@@ -807,6 +807,28 @@ def test_committed_throughput_table_re_renders_byte_identically_from_its_results
     assert (tmp_path / "README.md").read_bytes() == (src / "README.md").read_bytes()
 
 
+def test_a_methods_only_throughput_report_has_no_empty_tables_and_plots_the_cost_ratios(tmp_path):
+    """`throughput.py --only methods` into a fresh folder: the README holds the cost table alone (no empty training or
+    sampling table) and names the plot, which shows the cost ratios; with nothing measured no plot is named or
+    written."""
+    from benchmarks.bench.throughput_report import write_plot, write_readme
+
+    res = {"date": "2026-12-07", "machine": "cpu", "command": "c", "git_commit": "abc", "versions": {"torch": "t"},
+           "train": {}, "sample": {},
+           "methods": {m: {"seconds_per_step": 0.5, "cost_ratio": r, "block_ratios": [r - 0.01, r, r + 0.02],
+                           "clock": "cpu"} for m, r in (("uniform", 1.0), ("adaptive", 0.984))}}
+    write_readme(res, tmp_path / "README.md")
+    write_plot(res, tmp_path / "throughput.png")
+    text = (tmp_path / "README.md").read_text()
+    assert "## Training" not in text and "## Sampling" not in text and "\n\n\n" not in text
+    assert "Plot: `throughput.png`" in text and "| adaptive | 0.5000 | 0.984 | 0.974, 0.984, 1.004 |" in text
+    assert (tmp_path / "throughput.png").stat().st_size > 1000
+    empty = {**res, "methods": {}}
+    write_readme(empty, tmp_path / "empty.md")
+    write_plot(empty, tmp_path / "empty.png")
+    assert "Plot:" not in (tmp_path / "empty.md").read_text() and not (tmp_path / "empty.png").exists()
+
+
 def test_the_methods_of_a_table_are_the_registry_s_and_the_protocol_s_baselines():
     from adaptive.timesteps import METHODS as REGISTERED
 

@@ -14,25 +14,48 @@ SAMPLE_HEADER = "| preset | batch | steps | sampler | precision | img/s | vs pip
 REFERENCE_LABEL = "img/s vs reference (conventional loop / DDPMPipeline = 1)"
 
 
+def speed_bars(res: dict) -> list[tuple[str, float]]:
+    """(label, speed-up over its reference) of every measured training and sampling kind, per preset."""
+    bars = [(f"train\n{p}\n{k.replace('train-', '')}", v["speedup"]) for p, r in res.get("train", {}).items()
+            for k, v in r.items() if isinstance(v, dict)]
+    return bars + [(f"sample\n{p}\n{k.replace('sample-', '')}", v["speedup"]) for p, r in res.get("sample", {}).items()
+                   for k, v in r.items() if isinstance(v, dict)]
+
+
 def write_plot(res: dict, path: Path, ylabel: str = REFERENCE_LABEL) -> None:
-    """Bar chart of every kind's speed-up over its reference (conventional loop / DDPMPipeline), per preset."""
+    """Bar charts: every kind's speed-up over its reference (conventional loop / DDPMPipeline), per preset; each
+    timestep method's per-step cost ratio with the range of its blocks. Nothing is written when neither was
+    measured."""
+    bars, costs = speed_bars(res), res.get("methods") or {}
+    if not bars and not costs:
+        return
     import matplotlib  # slow import (seconds): only when a plot is written
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bars = [(f"train\n{p}\n{k.replace('train-', '')}", v["speedup"]) for p, r in res.get("train", {}).items()
-            for k, v in r.items() if isinstance(v, dict)]
-    bars += [(f"sample\n{p}\n{k.replace('sample-', '')}", v["speedup"]) for p, r in res.get("sample", {}).items()
-             for k, v in r.items() if isinstance(v, dict)]
-    if not bars:
-        return
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4.5), dpi=110)
-    ax.bar(range(len(bars)), [b[1] for b in bars], color=["tab:gray" if b[1] == 1.0 else "tab:blue" for b in bars])
-    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_title(f"Throughput {res['date']} ({res['machine']})", fontsize=9)
+    panels = [p for p in ("speed", "cost") if (bars if p == "speed" else costs)]
+    widths = [max(6, 1.1 * len(bars)) if p == "speed" else max(5, 0.8 * len(costs)) for p in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), 4.5), dpi=110, squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    for ax, panel in zip(axes[0], panels):
+        if panel == "speed":
+            ax.bar(range(len(bars)), [b[1] for b in bars],
+                   color=["tab:gray" if b[1] == 1.0 else "tab:blue" for b in bars])
+            ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+            ax.set_ylabel(ylabel, fontsize=8)
+        else:
+            ratios = [c["cost_ratio"] for c in costs.values()]
+            low = [r - min(c.get("block_ratios") or [r]) for r, c in zip(ratios, costs.values())]
+            high = [max(c.get("block_ratios") or [r]) - r for r, c in zip(ratios, costs.values())]
+            ax.bar(range(len(costs)), ratios, yerr=[low, high], capsize=3, color="tab:orange")
+            ax.set_xticks(range(len(costs)), list(costs), fontsize=7, rotation=30)
+            ax.axhline(1.02, color="black", lw=0.8, ls="--", label="1.02 (PROTOCOL.md: uniform's step counts)")
+            ax.set_ylim(0.8, max(1.1, *(r + h for r, h in zip(ratios, high))) + 0.05)
+            ax.set_ylabel("per-step cost / uniform's (median of blocks; whiskers: block range)", fontsize=8)
+            ax.legend(fontsize=7, loc="upper left")
+        ax.axhline(1.0, color="black", lw=0.8)
+    fig.suptitle(f"Throughput {res['date']} ({res['machine']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -60,7 +83,8 @@ def header(res: dict) -> list[str]:
             "img/s = median over windows after warm-up; the kinds ran in fresh processes in rotating order (so load "
             "changes on this shared machine hit all of them). `-compile` = `--compile` (torch.compile); its one-off "
             "compilation is the 'first call' column, not part of img/s. Peak memory = process peak RSS on the CPU "
-            "(includes the Python runtime and the dataset), CUDA max allocated on a GPU. Plot: `throughput.png`. "
+            "(includes the Python runtime and the dataset), CUDA max allocated on a GPU. "
+            f"{'Plot: `throughput.png`. ' if speed_bars(res) or res.get('methods') else ''}"
             f"Load average (1/5/15 min) at start {fmt_load(res.get('load_average_start'))}, at end "
             f"{fmt_load(res.get('load_average_end'))} on {os.cpu_count()} CPUs.", "",
             *(["Sections measured separately (`--only`): " + "; ".join(
@@ -73,6 +97,8 @@ def header(res: dict) -> list[str]:
 
 def speed_table(title: str, header: str, runs: dict, cells) -> list[str]:
     """One speed table: a row per preset and measured kind, `cells(preset, run, kind, measured)` its columns."""
+    if not runs:
+        return []
     L = [title, "", header, "|" + "---|" * (header.count("|") - 1)]
     for preset, r in runs.items():
         for kind, v in r.items():
@@ -94,7 +120,7 @@ def speed_tables(res: dict) -> list[str]:
                          "batch)", SAMPLE_HEADER, res["sample"],
                          lambda preset, r, kind, v: [preset, r["batch"], r["steps"], kind.replace("sample-", ""),
                                                      *measured(v)])
-    return [*train, "", *sample]
+    return [*train, *([""] if train and sample else []), *sample]
 
 
 def cost_and_memory_tables(res: dict) -> list[str]:
@@ -120,7 +146,8 @@ def cost_and_memory_tables(res: dict) -> list[str]:
 
 def write_readme(res: dict, path: Path) -> None:
     """README.md of a throughput run."""
-    path.write_text("\n".join([*header(res), *speed_tables(res), *cost_and_memory_tables(res)]) + "\n")
+    speed, rest = speed_tables(res), cost_and_memory_tables(res)
+    path.write_text("\n".join([*header(res), *speed, *(rest if speed else rest[1:])]) + "\n")
 
 
 def write_ablations(res: dict, out: Path) -> None:
