@@ -72,6 +72,16 @@ def image_zip(tmp_path_factory, image_folder) -> Path:
     return zip_folder(image_folder, tmp_path_factory.mktemp("zips") / "train.zip")
 
 
+@pytest.fixture
+def fresh_accelerate_state():
+    """Training in this process: accelerate's process-wide state must not carry another test's precision."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def tiny_args(data: Path, out: Path, *extra: str, preset_precision: bool = False) -> list[str]:
     """A few-second cpu-tiny16 run on generated data, at PRECISION_FLAGS unless preset_precision (a test's own
     --mixed_precision wins either way)."""

@@ -17,7 +17,7 @@ from benchmarks.bench.protocol import (ABLATIONS, CLAIM_METHODS, METHODS, calibr
 from benchmarks.bench.report import bar_verdict, long_lines, render_stored, write_readme
 from benchmarks.bench.summary import aggregate, interpolate_crossing, select_tuned
 from benchmarks.compare_methods import parse_args
-from conftest import ROOT
+from conftest import ROOT, tiny_args
 
 
 def test_crossing_is_interpolated_between_evaluation_points():
@@ -921,3 +921,78 @@ def test_a_tables_model_record_ignores_the_method_options_its_runs_were_given():
              "4"]
     assert without_method_options(extra) == ["--mixed_precision", "no", "--norm_num_groups", "4"]
     assert model_of("cpu-tiny16", extra)["norm_num_groups"] == 4
+
+
+def test_the_timed_sampler_changes_no_step_and_counts_only_the_samplers_calls(tmp_path, image_folder,
+                                                                             fresh_accelerate_state):
+    """`sampler_overhead.py`'s wrapper: two real optimizer steps of adaptive with and without it end at bit-identical
+    weights and sampler state; the time it counts is the sampler's calls (a sampler made to burn a known CPU time in
+    each call is charged that time, three calls a step) and not the update it wraps."""
+    import contextlib
+    import dataclasses
+    import time
+
+    import torch
+
+    from adaptive.loop import optimizer_step
+    from benchmarks.bench.costs import TimedSampler, measurement_runs
+
+    def two_steps(wrap):
+        torch.manual_seed(0)
+        run = measurement_runs(["adaptive"], image_folder, 1, tiny_args(image_folder, tmp_path)[6:], "cpu-tiny16",
+                               tmp_path / f"run-{wrap}")["adaptive"]
+        if wrap:
+            run = dataclasses.replace(run, timesteps=TimedSampler(run.timesteps, time.thread_time))
+        batches = run.data.batches(0)
+        for step in range(2):
+            optimizer_step(run, step, next(batches))
+        return run
+
+    plain, timed = two_steps(False), two_steps(True)
+    for a, b in zip(plain.unet.parameters(), timed.unet.parameters()):
+        assert torch.equal(a, b)
+    for k, v in plain.timesteps.state_dict().items():
+        assert torch.equal(torch.as_tensor(v), torch.as_tensor(timed.timesteps.state_dict()[k])), k
+    assert timed.timesteps.seconds > 0
+
+    class Burner:  # each of the three calls burns ~20 ms of CPU time; the update inside around_update is not counted
+        needs = frozenset()
+
+        def burn(self):
+            t0 = time.thread_time()
+            while time.thread_time() - t0 < 0.02:
+                pass
+
+        def draw(self, request):
+            self.burn()
+            return "drawn"
+
+        def observe(self, t, loss):
+            self.burn()
+
+        @contextlib.contextmanager
+        def around_update(self, model, accelerator, draw):
+            self.burn()
+            yield
+
+    s = TimedSampler(Burner(), time.thread_time)
+    assert s.draw(None) == "drawn" and s.needs == frozenset()
+    with s.around_update(None, None, None):
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.2:  # the update: 200 ms, outside the count
+            pass
+    s.observe(None, None)
+    assert 0.06 <= s.seconds < 0.12
+
+
+def test_sampler_overhead_quick_mode_writes_its_table_and_uniform_is_its_own_reference(tmp_path,
+                                                                                       fresh_accelerate_state):
+    from benchmarks import sampler_overhead
+
+    assert sampler_overhead.main(["--quick", "--methods", "adaptive", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert list(res["methods"]) == ["uniform", "adaptive"]
+    assert res["methods"]["uniform"]["attributable_ratio"] == 1.0 and res["methods"]["uniform"]["step_ratio"] == 1.0
+    a = res["methods"]["adaptive"]
+    assert 0 < a["sampler_seconds"] < a["step_seconds"] and len(a["step_blocks"]) == 2
+    assert "| adaptive |" in (tmp_path / "README.md").read_text() and (tmp_path / "overhead.png").stat().st_size > 1000

@@ -121,16 +121,6 @@ def test_a_config_of_an_older_version_with_every_methods_options_still_loads():
         TrainConfig.from_dict({**old, "no_such_key": 1})
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """Training in this process: accelerate's process-wide state must not carry another test's precision."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 def test_a_users_method_trains_resumes_with_its_saved_options_and_is_called_three_times_a_step(
         tmp_path, fresh_accelerate_state):
     from tests.plugins.power_sampler import CountingPowerSampler

@@ -3,9 +3,11 @@ timed side by side with uniform in one process, in interleaved blocks; c_m = tim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -45,6 +47,16 @@ def method_runs(run: Run, methods: list[str], flags: list[str]) -> dict[str, Run
     return out
 
 
+def measurement_runs(methods: list[str], data: Path, threads: int, extra: list[str], preset: str,
+                     work: Path = ROOT / "benchmarks" / "_work" / "cost") -> dict[str, Run]:
+    """One throwaway run of `preset` on `data` (in the folder `work`) and its view per method, on `threads`
+    threads."""
+    torch.set_num_threads(threads)
+    flags = ["--preset", preset, "--train_data_dir", str(data), "--output_dir", str(work), "--overwrite_output_dir",
+             "--logger", "none", *extra]
+    return method_runs(setup(resolve_config(parse_train_args(flags)), lambda m: None), methods, flags)
+
+
 def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
                   extra: list[str], clock: str = "wall", preset: str = "cpu-tiny16") -> dict:
     """Median per-step time of each method's real optimizer step over interleaved blocks, relative to uniform.
@@ -52,11 +64,7 @@ def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int,
     the time other processes of a busy machine take from it. A block spans whole periods of a method's occasional
     work (its sampler's `update_period`)."""
     now = time.perf_counter if clock == "wall" else time.process_time
-    torch.set_num_threads(threads)
-    work = ROOT / "benchmarks" / "_work" / "cost"
-    flags = ["--preset", preset, "--train_data_dir", str(data), "--output_dir", str(work), "--overwrite_output_dir",
-             "--logger", "none", *extra]
-    runs = method_runs(setup(resolve_config(parse_train_args(flags)), lambda m: None), methods, flags)
+    runs = measurement_runs(methods, data, threads, extra, preset)
     batches = next(iter(runs.values())).data.batches(0)
     step = 0
 
@@ -112,3 +120,86 @@ def cost_ratios(args, pl, methods: list[str], previous: dict, out: Path, this_ha
     costs_file.write_text(json.dumps({"code_hash": this_hash, "git_commit": git("rev-parse", "HEAD"),
                                       "threads": args.threads, "costs": costs}, indent=1))
     return costs
+
+
+class TimedSampler:
+    """A timestep sampler whose three calls from the training step (draw, around_update, observe) add their time to
+    `seconds` on `clock`; everything else passes through, so the step computes exactly what it computes without it."""
+
+    CALLS = ("draw", "around_update", "observe")
+
+    def __init__(self, sampler, clock):
+        self.sampler, self.clock, self.seconds = sampler, clock, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.sampler, name)
+
+    def draw(self, request):
+        t0 = self.clock()
+        try:
+            return self.sampler.draw(request)
+        finally:
+            self.seconds += self.clock() - t0
+
+    def observe(self, *args, **kwargs):
+        t0 = self.clock()
+        try:
+            return self.sampler.observe(*args, **kwargs)
+        finally:
+            self.seconds += self.clock() - t0
+
+    @contextlib.contextmanager
+    def around_update(self, model, accelerator, draw):
+        """The sampler's own context around the optimizer update; the update inside it is not counted."""
+        t0 = self.clock()
+        context = self.sampler.around_update(model, accelerator, draw)
+        context.__enter__()
+        self.seconds += self.clock() - t0
+        try:
+            yield
+        except BaseException:
+            if not context.__exit__(*sys.exc_info()):
+                raise
+        else:
+            t0 = self.clock()
+            context.__exit__(None, None, None)
+            self.seconds += self.clock() - t0
+
+
+def measure_sampler_time(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
+                         extra: list[str], preset: str = "cpu-tiny16") -> dict:
+    """Per method, the CPU time of this thread per optimizer step - the whole step and the sampler's own calls within
+    it - over interleaved blocks of real steps (as `measure_costs`). With one thread the step's compute runs on
+    this thread, so other processes of a busy machine change neither number much. The method's attributable cost
+    ratio = 1 + (its sampler time - uniform's) / uniform's step time: what the method adds to the step it shares."""
+    clock = time.thread_time
+    runs = measurement_runs(methods, data, threads, extra, preset)
+    timed_runs = {m: dataclasses.replace(r, timesteps=TimedSampler(r.timesteps, clock)) for m, r in runs.items()}
+    batches = next(iter(runs.values())).data.batches(0)
+    step = 0
+
+    def block(m: str, n: int) -> tuple[float, float]:
+        nonlocal step
+        sampler = timed_runs[m].timesteps
+        s0, t0 = sampler.seconds, clock()
+        for _ in range(n):
+            optimizer_step(timed_runs[m], step, next(batches))
+            step += 1
+        return (clock() - t0) / n, (sampler.seconds - s0) / n
+
+    for m in methods:
+        block(m, warmup)
+    steps: dict[str, list[float]] = {m: [] for m in methods}
+    own: dict[str, list[float]] = {m: [] for m in methods}
+    for b in range(blocks):
+        for m in methods if b % 2 == 0 else list(reversed(methods)):
+            s, o = block(m, max(block_steps, runs[m].timesteps.update_period))
+            steps[m].append(s)
+            own[m].append(o)
+    ref = "uniform" if "uniform" in methods else methods[0]
+    ref_step, ref_own = statistics.median(steps[ref]), statistics.median(own[ref])
+    return {m: {"step_seconds": statistics.median(steps[m]), "sampler_seconds": statistics.median(own[m]),
+                "step_blocks": steps[m], "sampler_blocks": own[m], "clock": "thread CPU time", "threads": threads,
+                "sampler_share": statistics.median(own[m]) / statistics.median(steps[m]),
+                "attributable_ratio": 1 + (statistics.median(own[m]) - ref_own) / ref_step,
+                "step_ratio": statistics.median(a / b for a, b in zip(steps[m], steps[ref]))} for m in methods}
