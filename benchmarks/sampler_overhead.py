@@ -69,7 +69,7 @@ def write_readme(res: dict, path: Path) -> None:
              "|---|---|---|---|---|---|"]
     for m, r in res["methods"].items():
         lines.append(f"| {m} | {1e3 * r['step_seconds']:.1f} | {1e3 * r['sampler_seconds']:.3f} | "
-                     f"{100 * r['sampler_share']:.2f}% | {r['attributable_ratio']:.4f} | {r['step_ratio']:.3f} |")
+                     f"{100 * r['sampler_share']:.3f}% | {r['attributable_ratio']:.4f} | {r['step_ratio']:.3f} |")
     path.write_text("\n".join(lines) + "\n")
 
 
