@@ -134,36 +134,31 @@ class TimedSampler:
     def __getattr__(self, name):
         return getattr(self.sampler, name)
 
-    def draw(self, request):
+    def _timed(self, call, *args, **kwargs):
         t0 = self.clock()
         try:
-            return self.sampler.draw(request)
+            return call(*args, **kwargs)
         finally:
             self.seconds += self.clock() - t0
 
+    def draw(self, request):
+        return self._timed(self.sampler.draw, request)
+
     def observe(self, *args, **kwargs):
-        t0 = self.clock()
-        try:
-            return self.sampler.observe(*args, **kwargs)
-        finally:
-            self.seconds += self.clock() - t0
+        return self._timed(self.sampler.observe, *args, **kwargs)
 
     @contextlib.contextmanager
     def around_update(self, model, accelerator, draw):
         """The sampler's own context around the optimizer update; the update inside it is not counted."""
-        t0 = self.clock()
         context = self.sampler.around_update(model, accelerator, draw)
-        context.__enter__()
-        self.seconds += self.clock() - t0
+        self._timed(context.__enter__)
         try:
             yield
         except BaseException:
             if not context.__exit__(*sys.exc_info()):
                 raise
         else:
-            t0 = self.clock()
-            context.__exit__(None, None, None)
-            self.seconds += self.clock() - t0
+            self._timed(context.__exit__, None, None, None)
 
 
 def measure_sampler_time(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
