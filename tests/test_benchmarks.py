@@ -996,3 +996,21 @@ def test_sampler_overhead_quick_mode_writes_its_table_and_uniform_is_its_own_ref
     a = res["methods"]["adaptive"]
     assert 0 < a["sampler_seconds"] < a["step_seconds"] and len(a["step_blocks"]) == 2
     assert "| adaptive |" in (tmp_path / "README.md").read_text() and (tmp_path / "overhead.png").stat().st_size > 1000
+
+
+def test_cost_blocks_warm_every_method_once_then_alternate_whole_update_periods():
+    """Both cost measurements' block runner: one warm-up block per method first, then per round one block per
+    method in alternating order (against drift), each at least one whole period of the method's occasional work."""
+    from types import SimpleNamespace
+
+    from benchmarks.bench.costs import interleaved_blocks
+
+    runs = {"uniform": SimpleNamespace(timesteps=SimpleNamespace(update_period=1)),
+            "adaptive": SimpleNamespace(timesteps=SimpleNamespace(update_period=50))}
+    calls = []
+    out = interleaved_blocks(runs, ["uniform", "adaptive"], block_steps=20, blocks=3, warmup=4,
+                             block=lambda m, n: calls.append((m, n)) or len(calls))
+    assert calls == [("uniform", 4), ("adaptive", 4),
+                     ("uniform", 20), ("adaptive", 50), ("adaptive", 50), ("uniform", 20),
+                     ("uniform", 20), ("adaptive", 50)]
+    assert out == {"uniform": [3, 6, 7], "adaptive": [4, 5, 8]}

@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
@@ -22,6 +23,7 @@ from adaptive.timesteps import build_sampler
 from .protocol import METHODS, order
 from .provenance import ROOT, git
 
+T = TypeVar("T")
 METHOD_FIELDS = ("timestep_sampler", "timestep_options", "loss_weighting")  # what a method's flags set
 
 
@@ -57,31 +59,50 @@ def measurement_runs(methods: list[str], data: Path, threads: int, extra: list[s
     return method_runs(setup(resolve_config(parse_train_args(flags)), lambda m: None), methods, flags)
 
 
+def step_runner(runs: dict[str, Run]) -> Callable[[str, int], None]:
+    """`run_steps(m, n)`: n real optimizer steps of method m's run on the next batches of one shared stream, the step
+    counter running on across methods (as one training run's would)."""
+    batches = next(iter(runs.values())).data.batches(0)
+    step = 0
+
+    def run_steps(m: str, n: int) -> None:
+        nonlocal step
+        for _ in range(n):
+            optimizer_step(runs[m], step, next(batches))
+            step += 1
+    return run_steps
+
+
+def interleaved_blocks(runs: dict[str, Run], methods: list[str], block_steps: int, blocks: int, warmup: int,
+                       block: Callable[[str, int], T]) -> dict[str, list[T]]:
+    """Per method, what `block(m, n)` returned for each of `blocks` rounds, after one warm-up block of `warmup`
+    steps per method (caches, allocator, first-update costs). A round runs one block per method, in alternating
+    order against drift; a block spans whole periods of a method's occasional work (its sampler's
+    `update_period`)."""
+    for m in methods:
+        block(m, warmup)
+    out: dict[str, list[T]] = {m: [] for m in methods}
+    for b in range(blocks):
+        for m in methods if b % 2 == 0 else list(reversed(methods)):
+            out[m].append(block(m, max(block_steps, runs[m].timesteps.update_period)))
+    return out
+
+
 def measure_costs(methods: list[str], data: Path, block_steps: int, blocks: int, warmup: int, threads: int,
                   extra: list[str], clock: str = "wall", preset: str = "cpu-tiny16") -> dict:
     """Median per-step time of each method's real optimizer step over interleaved blocks, relative to uniform.
     clock 'wall': elapsed time; 'cpu': this process's CPU time - with one thread, the step's compute cost without
-    the time other processes of a busy machine take from it. A block spans whole periods of a method's occasional
-    work (its sampler's `update_period`)."""
+    the time other processes of a busy machine take from it (blocks as `interleaved_blocks`)."""
     now = time.perf_counter if clock == "wall" else time.process_time
     runs = measurement_runs(methods, data, threads, extra, preset)
-    batches = next(iter(runs.values())).data.batches(0)
-    step = 0
+    run_steps = step_runner(runs)
 
     def timed(m: str, n: int) -> float:
-        nonlocal step
         t0 = now()
-        for _ in range(n):
-            optimizer_step(runs[m], step, next(batches))
-            step += 1
+        run_steps(m, n)
         return (now() - t0) / n
 
-    for m in methods:  # warm-up every method (caches, allocator, first-update costs)
-        timed(m, warmup)
-    times: dict[str, list[float]] = {m: [] for m in methods}
-    for b in range(blocks):
-        for m in methods if b % 2 == 0 else list(reversed(methods)):  # alternate order against drift
-            times[m].append(timed(m, max(block_steps, runs[m].timesteps.update_period)))
+    times = interleaved_blocks(runs, methods, block_steps, blocks, warmup, timed)
     ref = "uniform" if "uniform" in methods else methods[0]
     # ratio per round (blocks of one round ran back to back), then the median: robust to load changes between rounds
     return {m: {"seconds_per_step": statistics.median(v), "blocks": v, "clock": clock, "threads": threads,
@@ -170,27 +191,17 @@ def measure_sampler_time(methods: list[str], data: Path, block_steps: int, block
     clock = time.thread_time
     runs = measurement_runs(methods, data, threads, extra, preset)
     timed_runs = {m: dataclasses.replace(r, timesteps=TimedSampler(r.timesteps, clock)) for m, r in runs.items()}
-    batches = next(iter(runs.values())).data.batches(0)
-    step = 0
+    run_steps = step_runner(timed_runs)
 
     def block(m: str, n: int) -> tuple[float, float]:
-        nonlocal step
         sampler = timed_runs[m].timesteps
         s0, t0 = sampler.seconds, clock()
-        for _ in range(n):
-            optimizer_step(timed_runs[m], step, next(batches))
-            step += 1
+        run_steps(m, n)
         return (clock() - t0) / n, (sampler.seconds - s0) / n
 
-    for m in methods:
-        block(m, warmup)
-    steps: dict[str, list[float]] = {m: [] for m in methods}
-    own: dict[str, list[float]] = {m: [] for m in methods}
-    for b in range(blocks):
-        for m in methods if b % 2 == 0 else list(reversed(methods)):
-            s, o = block(m, max(block_steps, runs[m].timesteps.update_period))
-            steps[m].append(s)
-            own[m].append(o)
+    pairs = interleaved_blocks(runs, methods, block_steps, blocks, warmup, block)
+    steps = {m: [s for s, _ in v] for m, v in pairs.items()}
+    own = {m: [o for _, o in v] for m, v in pairs.items()}
     ref = "uniform" if "uniform" in methods else methods[0]
     ref_step, ref_own = statistics.median(steps[ref]), statistics.median(own[ref])
     return {m: {"step_seconds": statistics.median(steps[m]), "sampler_seconds": statistics.median(own[m]),
